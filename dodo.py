@@ -1,0 +1,22 @@
+"""reprostack: build a pinned CUDA training stack into a verified wheelhouse.
+
+Run ``doit list`` for the tasks; the README documents every variable.
+"""
+
+from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
+    task_build,
+    task_fetch,
+    task_lock,
+    task_mirror,
+    task_stage,
+    task_verify,
+    task_wheels,
+)
+
+DOIT_CONFIG = {
+    "default_tasks": ["wheels"],
+    "backend": "sqlite3",
+    "dep_file": ".doit.db",
+    "par_type": "thread",
+    "verbosity": 2,
+}

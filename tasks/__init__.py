@@ -1,0 +1,1 @@
+"""Build pinned CUDA training stacks into a verified, content-addressed wheelhouse."""

@@ -1,0 +1,70 @@
+"""The one exception hierarchy of the project.
+
+Every expected failure raises a subclass of :class:`ReproError`. Its message
+says what failed, why, and what to do next; ``exit_code`` tells scripts apart
+the kinds of failure. Tracebacks are shown only when ``REPRO_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class ReproError(Exception):
+    """Base class of all expected failures."""
+
+    exit_code = 10
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class LockError(ReproError):
+    """The lock file is missing, malformed or inconsistent."""
+
+    exit_code = 11
+
+
+class FetchError(ReproError):
+    """A source could not be downloaded."""
+
+    exit_code = 12
+
+
+class VerificationError(ReproError):
+    """Downloaded or cached content does not match its pinned hash."""
+
+    exit_code = 13
+
+
+class PatchError(ReproError):
+    """A patch does not apply."""
+
+    exit_code = 14
+
+
+class BuildError(ReproError):
+    """A package build failed."""
+
+    exit_code = 15
+
+
+class ToolchainError(ReproError):
+    """The build toolchain does not match what the lock expects."""
+
+    exit_code = 16
+
+
+class VerifyFailed(ReproError):
+    """`doit verify` found at least one failing check."""
+
+    exit_code = 17
+
+
+def debug_enabled() -> bool:
+    """True when the user asked for tracebacks of expected failures."""
+    return os.environ.get("REPRO_DEBUG", "") not in ("", "0")

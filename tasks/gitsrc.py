@@ -1,0 +1,250 @@
+"""Git sources: fetch a pinned commit into a cached bare repository and export its tree.
+
+The tree is exported blob by blob (``git ls-tree`` + ``git cat-file --batch``)
+rather than with ``git archive`` or a checkout, so no attribute, filter or
+line-ending conversion of the repository can change the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urljoin
+
+from tasks import proc
+from tasks.errors import FetchError, LockError, VerificationError
+from tasks.treehash import FileFilter
+
+
+@dataclass(frozen=True)
+class TreeItem:
+    mode: str
+    type: str
+    sha: str
+    path: str
+
+
+def git_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="true", LC_ALL="C")
+    return env
+
+
+def url_hash(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:24]
+
+
+def _git(repo: Path, *args: str, what: str = "", input: bytes | None = None) -> bytes:
+    return proc.check_output(
+        ["git", "--git-dir", str(repo), *args],
+        env=git_env(),
+        error=FetchError,
+        what=what,
+        input=input,
+    )
+
+
+def _has_commit(repo: Path, commit: str) -> bool:
+    res = subprocess.run(
+        ["git", "--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"],
+        env=git_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        check=False,
+    )
+    return res.returncode == 0
+
+
+def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
+    """Make ``commit`` of ``url`` present in the bare repository ``repo``."""
+    if not repo.exists():
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        proc.check_output(
+            ["git", "init", "--bare", "-q", str(repo)], env=git_env(), error=FetchError
+        )
+    if _has_commit(repo, commit):
+        return
+    env = git_env()
+    try:
+        # Servers that allow fetching by commit (GitHub does) send only what is needed.
+        proc.run(
+            [
+                "git",
+                "--git-dir",
+                str(repo),
+                "fetch",
+                "--no-tags",
+                "--depth=1",
+                url,
+                commit,
+            ],
+            env=env,
+            log=log,
+            error=FetchError,
+            what=f"git fetch {url} {commit}",
+        )
+    except FetchError:
+        # Dumb-HTTP and restrictive servers: fetch every branch and tag instead.
+        proc.run(
+            [
+                "git",
+                "--git-dir",
+                str(repo),
+                "fetch",
+                "--no-tags",
+                url,
+                "+refs/heads/*:refs/remotes/src/*",
+                "+refs/tags/*:refs/tags/*",
+            ],
+            env=env,
+            log=log,
+            error=FetchError,
+            what=f"git fetch {url}",
+        )
+    if not _has_commit(repo, commit):
+        raise FetchError(
+            f"{url}: commit {commit} not found on the server (is the pin right? was history rewritten?)"
+        )
+
+
+def resolve_ref(url: str, ref: str) -> str:
+    """The commit a tag or branch of ``url`` points at (``git ls-remote``)."""
+    out = proc.check_output(
+        ["git", "ls-remote", url, ref, f"{ref}^{{}}"],
+        env=git_env(),
+        error=LockError,
+        what=f"git ls-remote {url}",
+    ).decode()
+    refs: dict[str, str] = {}
+    for line in out.splitlines():
+        sha, _, name = line.partition("\t")
+        refs[name] = sha
+    for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
+        if name in refs:
+            return refs[name]
+    if len(set(refs.values())) == 1:
+        return next(iter(refs.values()))
+    raise LockError(f"{url}: ref {ref!r} not found (no such tag or branch)")
+
+
+def list_tree(repo: Path, commit: str) -> list[TreeItem]:
+    out = _git(
+        repo, "ls-tree", "-r", "-z", "--full-tree", commit, what=f"git ls-tree {commit}"
+    )
+    items = []
+    for rec in out.split(b"\0"):
+        if not rec:
+            continue
+        meta, _, path = rec.partition(b"\t")
+        mode, typ, sha = meta.decode().split()
+        items.append(TreeItem(mode, typ, sha, path.decode("utf-8", "surrogateescape")))
+    return items
+
+
+def gitlinks(repo: Path, commit: str) -> dict[str, str]:
+    """Submodule paths of ``commit`` and the commits they are pinned to."""
+    return {i.path: i.sha for i in list_tree(repo, commit) if i.type == "commit"}
+
+
+def submodule_urls(repo: Path, commit: str, super_url: str) -> dict[str, str]:
+    """Submodule path -> absolute URL from ``.gitmodules`` at ``commit``."""
+    try:
+        blob = _git(repo, "show", f"{commit}:.gitmodules")
+    except FetchError:
+        return {}
+    out = proc.check_output(
+        [
+            "git",
+            "config",
+            "--file",
+            "-",
+            "--get-regexp",
+            r"^submodule\..*\.(path|url)$",
+        ],
+        env=git_env(),
+        error=FetchError,
+        input=blob,
+    ).decode()
+    paths: dict[str, str] = {}
+    urls: dict[str, str] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        name, _, field = key[len("submodule.") :].rpartition(".")
+        (paths if field == "path" else urls)[name] = value
+    result = {}
+    for name, path in paths.items():
+        url = urls.get(name, "")
+        if url.startswith(("./", "../")):
+            base = super_url if super_url.endswith("/") else super_url + "/"
+            url = (
+                urljoin(base, url)
+                if "://" in base
+                else os.path.normpath(os.path.join(base, url))
+            )
+        result[path] = url
+    return result
+
+
+def export_tree(
+    repo: Path,
+    commit: str,
+    dest: Path,
+    *,
+    prefix: str = "",
+    keep: FileFilter,
+    submodules: Mapping[str, tuple[Path, str]] | None = None,
+) -> None:
+    """Write the files of ``commit`` kept by ``keep`` under ``dest``.
+
+    ``submodules`` maps a gitlink path to (bare repo, commit) to export in its
+    place; the commit must equal the gitlink recorded in the superproject.
+    Gitlinks not listed are left out.
+    """
+    items = list_tree(repo, commit)
+    blobs: list[TreeItem] = []
+    for item in items:
+        full = f"{prefix}{item.path}"
+        if item.type == "commit":
+            if submodules and item.path in submodules:
+                sub_repo, sub_commit = submodules[item.path]
+                if sub_commit != item.sha:
+                    raise VerificationError(
+                        f"submodule {full}: the lock pins {sub_commit} but the superproject records {item.sha}; "
+                        "run `doit lock` to update the pin"
+                    )
+                export_tree(sub_repo, sub_commit, dest, prefix=f"{full}/", keep=keep)
+            continue
+        if item.type == "blob" and keep.keeps(full):
+            blobs.append(item)
+    if not blobs:
+        return
+    # Stream every blob through one cat-file process.
+    with subprocess.Popen(
+        ["git", "--git-dir", str(repo), "cat-file", "--batch"],
+        env=git_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    ) as cat:
+        assert cat.stdin and cat.stdout
+        for item in blobs:
+            cat.stdin.write(item.sha.encode() + b"\n")
+            cat.stdin.flush()
+            header = cat.stdout.readline().split()
+            if len(header) != 3 or header[1] != b"blob":
+                raise FetchError(
+                    f"git cat-file: unexpected answer {header!r} for {item.path}"
+                )
+            data = cat.stdout.read(int(header[2]))
+            cat.stdout.read(1)
+            target = dest / f"{prefix}{item.path}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if item.mode == "120000":
+                os.symlink(data.decode("utf-8", "surrogateescape"), target)
+            else:
+                target.write_bytes(data)
+                os.chmod(target, 0o755 if item.mode == "100755" else 0o644)
+        cat.stdin.close()

@@ -1,0 +1,280 @@
+"""The doit task graph: thin declarations over the stage modules.
+
+    lock            resolve refs and fill in hashes (the only task that writes the lock)
+    fetch:<source>  source into the verified source cache
+    mirror          export the cached sources to mirror=DIR for air-gapped hosts
+    stage:<pkg>     a patched tree under build/stage/ for inspection
+    build:<pkg>     the package's wheel into the wheel cache, under its action key
+    wheels          wheels/ from the cache: wheels, manifest, simple/ index, requirements
+    verify          install the wheelhouse into a scratch venv and check it
+
+Task creators only read the parsed lock; nothing here touches the network,
+git or a compiler while doit loads or lists tasks.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from doit.exceptions import TaskFailed
+
+from tasks.cache import rmtree
+from tasks.context import Context
+from tasks.errors import LockError, ReproError, debug_enabled
+
+TaskDict = dict[str, Any]
+
+
+@functools.cache
+def context() -> Context:
+    try:
+        return Context.load()
+    except ReproError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Report expected failures as a clean message (a traceback only with REPRO_DEBUG=1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            fn(*args, **kwargs)
+        except ReproError as exc:
+            if debug_enabled():
+                traceback.print_exc()
+            return TaskFailed(f"{exc.__class__.__name__}: {exc}")
+        return None
+
+    return wrapper
+
+
+def _require_pins() -> None:
+    ctx = context()
+    if ctx.lock.unpinned:
+        from tasks.lockfile import format_problems
+
+        raise LockError(format_problems(ctx.lock.path, list(ctx.lock.unpinned)) + "\nRun `doit lock` first.")
+
+
+# --------------------------------------------------------------------------- uptodate checks
+
+
+class SourceCached:
+    """Up to date when the verified tree is in the source cache (no rehashing)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __call__(self, task: Any, values: Any) -> bool:
+        ctx = context()
+        src = ctx.lock.sources[self.source]
+        return bool(src.tree_sha256) and ctx.cache.has_source(src.tree_sha256)
+
+    def __repr__(self) -> str:
+        return f"SourceCached({self.source!r}: tree_sha256 present in the source cache)"
+
+
+class WheelCached:
+    """Up to date when the wheel cache holds an entry for the package's current action key."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+
+    def __call__(self, task: Any, values: Any) -> bool:
+        ctx = context()
+        try:
+            _require_pins()
+            key, _ = ctx.key(ctx.package(self.package))
+        except ReproError:
+            return False  # the action reports the problem
+        return ctx.cache.wheel_exists(key)
+
+    def __repr__(self) -> str:
+        return f"WheelCached({self.package!r}: wheel cache has an entry for the current action key)"
+
+
+class WheelhouseCurrent:
+    """Up to date when wheels/manifest.json lists the current keys and the files are there."""
+
+    def __call__(self, task: Any, values: Any) -> bool:
+        ctx = context()
+        try:
+            _require_pins()
+            from tasks.wheelhouse import is_current
+
+            return is_current(ctx)[0]
+        except ReproError:
+            return False
+
+    def __repr__(self) -> str:
+        return "WheelhouseCurrent(wheels/manifest.json matches the lock, profile and action keys)"
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@guarded
+def _do_lock() -> None:
+    from tasks.lockcmd import lock_sources
+
+    ctx = context()
+    for line in lock_sources(
+        ctx.settings.lock, ctx.cache, mirror=ctx.settings.mirror, logs=ctx.settings.logs, update=ctx.settings.update
+    ):
+        print(f"  {line}", flush=True)
+    print(f"wrote {ctx.settings.lock}", flush=True)
+
+
+@guarded
+def _do_fetch(name: str) -> None:
+    from tasks.sources import ensure_source
+
+    _require_pins()
+    ctx = context()
+    ensure_source(
+        ctx.lock.sources[name], cache=ctx.cache, mirror=ctx.settings.mirror, log=ctx.settings.logs / f"fetch-{name}.log"
+    )
+
+
+@guarded
+def _do_mirror() -> None:
+    from tasks.sources import export_mirror
+
+    _require_pins()
+    ctx = context()
+    if ctx.settings.mirror is None:
+        raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
+    for line in export_mirror(list(ctx.lock.sources.values()), cache=ctx.cache, mirror=ctx.settings.mirror):
+        print(f"  {line}", flush=True)
+    print(f"mirror written to {ctx.settings.mirror}", flush=True)
+
+
+@guarded
+def _do_stage(name: str) -> None:
+    from tasks.build import source_trees
+    from tasks.stage import stage_package
+
+    _require_pins()
+    ctx = context()
+    pkg = ctx.package(name)
+    dest = (ctx.settings.builddir / "stage" / pkg.name).absolute()
+    stage_package(pkg, trees=source_trees(ctx, pkg), patches=ctx.patches(pkg), dest=dest,
+                  log=ctx.settings.logs / f"stage-{name}.log")
+    print(f"staged {name} at {dest}", flush=True)
+
+
+@guarded
+def _do_build(name: str) -> None:
+    from tasks.build import build_package
+
+    _require_pins()
+    ctx = context()
+    build_package(ctx, ctx.package(name))
+
+
+@guarded
+def _do_wheels() -> None:
+    from tasks.wheelhouse import assemble
+
+    _require_pins()
+    assemble(context())
+
+
+@guarded
+def _do_verify() -> None:
+    from tasks.verify import run_verify
+
+    ctx = context()
+    run_verify(
+        wheel_dir=ctx.settings.wheels,
+        work_dir=ctx.settings.builddir / "verify",
+        gpu=ctx.settings.gpu,
+        log_dir=ctx.settings.logs,
+    )
+
+
+def _clean_wheels() -> None:
+    rmtree(context().settings.wheels)
+
+
+# --------------------------------------------------------------------------- task creators
+
+
+def task_lock() -> TaskDict:
+    """Resolve refs to commits and fill in hashes in the lock file (update=NAMES|all re-resolves)."""
+    return {"actions": [_do_lock], "uptodate": [False], "verbosity": 2}
+
+
+def task_fetch() -> Iterator[TaskDict]:
+    """Download and verify every source into the source cache."""
+    ctx = context()
+    for name in ctx.lock.sources:
+        yield {
+            "name": name,
+            "actions": [(_do_fetch, [name])],
+            "uptodate": [SourceCached(name)],
+            "verbosity": 2,
+            "doc": f"fetch and verify source {name}",
+        }
+
+
+def task_mirror() -> TaskDict:
+    """Export the lock's cached sources to mirror=DIR (for hosts without network)."""
+    ctx = context()
+    return {
+        "actions": [_do_mirror],
+        "task_dep": [f"fetch:{n}" for n in ctx.lock.sources],
+        "uptodate": [False],
+        "verbosity": 2,
+    }
+
+
+def task_stage() -> Iterator[TaskDict]:
+    """Stage a package's patched tree under build/stage/<pkg> for inspection."""
+    ctx = context()
+    for pkg in ctx.packages:
+        yield {
+            "name": pkg.name,
+            "actions": [(_do_stage, [pkg.name])],
+            "task_dep": [f"fetch:{s}" for s in pkg.source_names()],
+            "uptodate": [False],
+            "verbosity": 2,
+            "doc": f"stage patched sources of {pkg.name}",
+        }
+
+
+def task_build() -> Iterator[TaskDict]:
+    """Build each package's wheel into the wheel cache (reused while its action key is unchanged)."""
+    ctx = context()
+    for pkg in ctx.packages:
+        yield {
+            "name": pkg.name,
+            "actions": [(_do_build, [pkg.name])],
+            "task_dep": [f"fetch:{s}" for s in pkg.source_names()],
+            "uptodate": [WheelCached(pkg.name)],
+            "verbosity": 2,
+            "doc": f"build the wheel of {pkg.name}",
+        }
+
+
+def task_wheels() -> TaskDict:
+    """Assemble wheels/: the lock's wheels, manifest.json, simple/ index, requirements.txt."""
+    ctx = context()
+    return {
+        "actions": [_do_wheels],
+        "task_dep": [f"build:{p.name}" for p in ctx.packages],
+        "uptodate": [WheelhouseCurrent()],
+        "clean": [_clean_wheels],
+        "verbosity": 2,
+    }
+
+
+def task_verify() -> TaskDict:
+    """Install the wheelhouse into a scratch venv and check imports, linkage, archs, GPU smoke tests."""
+    return {"actions": [_do_verify], "task_dep": ["wheels"], "uptodate": [False], "verbosity": 2}

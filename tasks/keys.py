@@ -1,0 +1,60 @@
+"""The action key: the sha256 of everything that can change a package's wheel.
+
+Pure. Job counts and log verbosity are deliberately not part of the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tasks.lockfile import Package, Source
+
+#: Bump when the build recipe's semantics change (new env, new normalisation, ...).
+RECIPE_FORMAT = 1
+
+
+def canonical_json(doc: Any) -> bytes:
+    return json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode()
+
+
+def key_document(
+    pkg: Package,
+    *,
+    sources: Mapping[str, Source],
+    patches: Sequence[tuple[str, str]],
+    toolchain: Mapping[str, Any],
+    archs: Sequence[str],
+    build_requires: Mapping[str, str],
+) -> dict[str, Any]:
+    """The canonical document hashed into the action key.
+
+    ``patches`` is the ordered list of (file name, sha256); ``build_requires``
+    maps each build requirement to its installed version.
+    """
+    jobs = set(pkg.jobs_env)
+    return {
+        "recipe_format": RECIPE_FORMAT,
+        "package": pkg.name,
+        "sources": {
+            ".": sources[pkg.source].tree_sha256,
+            **{dest: sources[name].tree_sha256 for dest, name in pkg.overlays},
+        },
+        "patches": [{"name": n, "sha256": d} for n, d in patches],
+        "recipe": {
+            "subdir": pkg.subdir,
+            "env": {k: v for k, v in pkg.env if k not in jobs},
+            "pip_args": list(pkg.pip_args),
+            "build_requires": dict(sorted(build_requires.items())),
+        },
+        "toolchain": dict(toolchain),
+        "archs": list(archs),
+    }
+
+
+def action_key(doc: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(doc)).hexdigest()

@@ -1,0 +1,148 @@
+"""`doit lock`: resolve refs to commits, submodules to their gitlinks, fill in hashes.
+
+The only code that writes the lock file. It edits the TOML document in place
+(tomlkit keeps comments and layout) and replaces the file atomically.
+Complete entries are left alone unless named by ``update=`` (or ``update=all``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+from packaging.utils import (
+    InvalidSdistFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from tasks import gitsrc, pypi
+from tasks.cache import Cache, write_atomic
+from tasks.errors import LockError
+from tasks.lockfile import Source, Submodule, load_lock
+from tasks.sources import materialize, source_filter
+from tasks.treehash import tree_sha256
+
+
+def _complete(src: Source) -> bool:
+    if not src.tree_sha256:
+        return False
+    if src.kind == "git":
+        return bool(src.commit) and all(s.commit for s in src.submodules)
+    if src.kind == "pypi":
+        return bool(src.filename and src.sha256)
+    return bool(src.sha256)
+
+
+def _lock_git(
+    src: Source, entry: Any, cache: Cache, log: Path, refresh: bool
+) -> Source:
+    commit = src.commit
+    if src.ref and (refresh or not commit):
+        commit = gitsrc.resolve_ref(src.url, src.ref)
+    repo = cache.git_dir(gitsrc.url_hash(src.url))
+    with cache.lock(f"git-{gitsrc.url_hash(src.url)}"):
+        gitsrc.ensure_commit(repo, src.url, commit, log)
+    links = gitsrc.gitlinks(repo, commit)
+    urls = gitsrc.submodule_urls(repo, commit, src.url)
+    keep = source_filter(src)
+    listed = {s.path: s for s in src.submodules}
+    subs: list[Submodule] = []
+    if listed:
+        for path, sub in listed.items():
+            if path not in links:
+                raise LockError(
+                    f"source {src.name}: submodule {path!r} is not a gitlink at {commit}"
+                )
+            subs.append(replace(sub, commit=links[path]))
+    else:
+        # Every submodule whose files the filter can keep (a probe path stands for its files).
+        for path, sha in sorted(links.items()):
+            if keep.keeps(f"{path}/x") or keep.keeps(f"{path}/include/x.h"):
+                if not urls.get(path):
+                    raise LockError(
+                        f"source {src.name}: submodule {path!r} has no URL in .gitmodules"
+                    )
+                subs.append(Submodule(path=path, url=urls[path], commit=sha))
+    entry["commit"] = commit
+    if subs:
+        table = tomlkit.table()
+        for sub in subs:
+            inner = tomlkit.inline_table()
+            inner.update({"url": sub.url, "commit": sub.commit})
+            table[sub.path] = inner
+        entry["submodules"] = table
+    return replace(src, commit=commit, submodules=tuple(subs))
+
+
+def _is_sdist_of(filename: str, project: str, version: str) -> bool:
+    try:
+        name, ver = parse_sdist_filename(filename)
+    except (InvalidSdistFilename, InvalidVersion):
+        return False
+    return name == canonicalize_name(project) and ver == Version(version)
+
+
+def _lock_archive(src: Source, entry: Any) -> Source:
+    if src.kind == "pypi" and not src.filename:
+        candidates = [
+            link
+            for link in pypi.list_files(src.project)
+            if _is_sdist_of(link.filename, src.project, src.version)
+        ]
+        if not candidates:
+            raise LockError(
+                f"source {src.name}: no sdist of {src.project} {src.version} in the package index"
+            )
+        entry["filename"] = candidates[0].filename
+        return replace(src, filename=candidates[0].filename, sha256="")
+    return src
+
+
+def lock_sources(
+    lock_path: Path,
+    cache: Cache,
+    *,
+    mirror: Path | None,
+    logs: Path,
+    update: tuple[str, ...],
+) -> list[str]:
+    """Fill in the lock file's pins; return one line per source describing what changed."""
+    lock = load_lock(lock_path, require_pins=False)
+    unknown = [u for u in update if u != "all" and u not in lock.sources]
+    if unknown:
+        raise LockError(
+            f"update= names unknown source(s) {', '.join(unknown)}; sources: {', '.join(lock.sources)}"
+        )
+    doc = tomlkit.parse(lock_path.read_text())
+    report = []
+    for name, src in lock.sources.items():
+        refresh = "all" in update or name in update
+        if _complete(src) and not refresh:
+            report.append(f"{name}: pinned")
+            continue
+        entry = doc["sources"][name]
+        log = logs / f"lock-{name}.log"
+        if src.kind == "git":
+            src = _lock_git(src, entry, cache, log, refresh)
+        else:
+            src = _lock_archive(src, entry)
+            if refresh:
+                src = replace(src, sha256="")
+        with cache.staging(f"lock-{name}") as work:
+            pinned = replace(src, tree_sha256="")
+            root, meta = materialize(
+                pinned, work, cache=cache, mirror=None if refresh else mirror, log=log
+            )
+            tree = tree_sha256(root)
+        if src.kind != "git":
+            entry["sha256"] = meta["archive_sha256"]
+        entry["tree_sha256"] = tree
+        pin = src.commit if src.kind == "git" else meta.get("archive_sha256", "")
+        report.append(f"{name}: {pin[:12]} tree {tree[:12]}")
+    write_atomic(lock_path, tomlkit.dumps(doc))
+    load_lock(lock_path)  # what we wrote must validate
+    return report

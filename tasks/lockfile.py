@@ -1,0 +1,740 @@
+"""Parse and validate ``sources.lock`` into frozen dataclasses.
+
+Pure: no doit, no network, no subprocesses. Validation collects every
+problem of the file before raising, and each message names the file, the
+entry and the fix ("Perhaps you meant ...").
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+
+from tasks.errors import LockError
+
+LOCK_FORMAT = 1
+
+SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PLACEHOLDER_RE = re.compile(r"\{([a-z_]+)\}")
+
+SOURCE_KINDS = ("git", "url", "pypi")
+#: Placeholders a package's ``env`` values may use; filled from the lock's
+#: toolchain (archs) and the detected toolchain (cudnn_path).
+ENV_PLACEHOLDERS = (
+    "archs",
+    "archs_semicolon",
+    "torch_arch_list",
+    "cmake_archs",
+    "cuda_gencode",
+    "cudnn_path",
+    "cuda_home",
+)
+TOOLCHAIN_EXTRAS = ("cudnn",)
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toolchain:
+    """What the build environment must provide."""
+
+    python: str = ""
+    torch: str = ""
+    torch_cuda: str = ""
+    cuda: str = ""
+    archs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submodule:
+    path: str
+    url: str
+    commit: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """One pinned upstream input. ``tree_sha256`` covers the kept tree."""
+
+    name: str
+    kind: str
+    url: str = ""
+    ref: str = ""
+    commit: str = ""
+    submodules: tuple[Submodule, ...] = ()
+    project: str = ""
+    version: str = ""
+    filename: str = ""
+    sha256: str = ""
+    tree_sha256: str = ""
+    strip: int | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def pin(self) -> dict[str, Any]:
+        """The identifying fields of this source, for manifests and keys."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "kind": self.kind,
+            "tree_sha256": self.tree_sha256,
+        }
+        if self.kind == "git":
+            out |= {"url": self.url, "commit": self.commit}
+            if self.submodules:
+                out["submodules"] = {s.path: s.commit for s in self.submodules}
+        elif self.kind == "url":
+            out |= {"url": self.url, "sha256": self.sha256}
+        else:
+            out |= {
+                "project": self.project,
+                "version": self.version,
+                "filename": self.filename,
+                "sha256": self.sha256,
+            }
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verify:
+    imports: tuple[str, ...] = ()
+    smoke: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Package:
+    """How one wheel is built."""
+
+    name: str
+    source: str
+    overlays: tuple[tuple[str, str], ...] = ()
+    subdir: str = ""
+    patches: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    build_requires: tuple[str, ...] = ()
+    pip_args: tuple[str, ...] = ()
+    jobs_env: tuple[str, ...] = ("MAX_JOBS",)
+    mem_per_job_gb: float = 2.0
+    cuda: bool = False
+    toolchain_extras: tuple[str, ...] = ()
+    enabled: bool = True
+    verify: Verify = field(default_factory=Verify)
+
+    def source_names(self) -> tuple[str, ...]:
+        return (self.source, *(name for _, name in self.overlays))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    name: str
+    description: str = ""
+    packages: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lock:
+    path: Path
+    sha256: str
+    toolchain: Toolchain
+    sources: Mapping[str, Source]
+    packages: Mapping[str, Package]
+    profiles: Mapping[str, Profile]
+    patches_dir: Path
+    unpinned: tuple[str, ...] = ()
+
+    def patch_path(self, package: str, patch: str) -> Path:
+        return self.patches_dir / package / patch
+
+    def resolve(self, profile: str = "default") -> tuple[Package, ...]:
+        """The enabled packages of ``profile``, with its overrides applied."""
+        if profile in ("", "default"):
+            overrides: Mapping[str, Mapping[str, Any]] = {}
+        elif profile in self.profiles:
+            overrides = self.profiles[profile].packages
+        else:
+            known = ", ".join(["default", *self.profiles]) or "default"
+            raise LockError(
+                f"{self.path}: unknown profile {profile!r}{_suggest(profile, self.profiles)}; "
+                f"profiles in this lock: {known}"
+            )
+        result = []
+        for name, pkg in self.packages.items():
+            over = overrides.get(name)
+            if over:
+                pkg = _apply_override(pkg, over)
+            if pkg.enabled:
+                result.append(pkg)
+        return tuple(result)
+
+
+def _apply_override(pkg: Package, over: Mapping[str, Any]) -> Package:
+    changes: dict[str, Any] = {}
+    for key, value in over.items():
+        if key == "env":
+            merged = dict(pkg.env)
+            merged.update(value)
+            changes["env"] = tuple(sorted(merged.items()))
+        elif key == "verify":
+            changes["verify"] = Verify(
+                imports=tuple(value.get("imports", pkg.verify.imports)),
+                smoke=value.get("smoke", pkg.verify.smoke),
+            )
+        elif key == "overlays":
+            changes["overlays"] = tuple(sorted(value.items()))
+        elif isinstance(value, list):
+            changes[key] = tuple(value)
+        else:
+            changes[key] = value
+    return replace(pkg, **changes)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class _Field:
+    check: Callable[[Any], str | None]
+    required: bool = False
+
+
+def _is_str(v: Any) -> str | None:
+    return None if isinstance(v, str) else "must be a string"
+
+
+def _is_bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def _is_int(v: Any) -> str | None:
+    return (
+        None
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        else "must be a non-negative integer"
+    )
+
+
+def _is_number(v: Any) -> str | None:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    return None if ok else "must be a positive number"
+
+
+def _is_str_list(v: Any) -> str | None:
+    ok = isinstance(v, list) and all(isinstance(x, str) for x in v)
+    return None if ok else "must be a list of strings"
+
+
+def _is_str_table(v: Any) -> str | None:
+    ok = isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+    return None if ok else "must be a table of strings"
+
+
+def _is_table(v: Any) -> str | None:
+    return None if isinstance(v, dict) else "must be a table"
+
+
+def _is_sha1(v: Any) -> str | None:
+    if not isinstance(v, str) or not SHA1_RE.match(v):
+        return f"must be a full 40-character lowercase hex commit, got {v!r}"
+    return None
+
+
+def _is_sha256(v: Any) -> str | None:
+    if not isinstance(v, str) or not SHA256_RE.match(v):
+        return f"must be a 64-character lowercase hex sha256, got {v!r}"
+    return None
+
+
+def _is_specifier(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return "must be a version specifier string such as '>=3.11' or '==2.11.*'"
+    try:
+        SpecifierSet(v)
+    except InvalidSpecifier:
+        return f"is not a valid version specifier: {v!r} (write e.g. '==2.11.*' or '>=3.11')"
+    return None
+
+
+def _is_archs(v: Any) -> str | None:
+    if not isinstance(v, list) or not v:
+        return "must be a non-empty list such as ['sm_90a']"
+    bad = [a for a in v if not isinstance(a, str) or not ARCH_RE.match(a)]
+    return (
+        f"has invalid architectures {bad} (write e.g. 'sm_90a' or 'sm_80')"
+        if bad
+        else None
+    )
+
+
+TOP_FIELDS = {
+    "format": _Field(_is_int, required=True),
+    "patches_dir": _Field(_is_str),
+    "toolchain": _Field(_is_table, required=True),
+    "sources": _Field(_is_table, required=True),
+    "packages": _Field(_is_table, required=True),
+    "profiles": _Field(_is_table),
+}
+TOOLCHAIN_FIELDS = {
+    "python": _Field(_is_specifier),
+    "torch": _Field(_is_specifier),
+    "torch_cuda": _Field(_is_specifier),
+    "cuda": _Field(_is_specifier),
+    "archs": _Field(_is_archs, required=True),
+}
+SOURCE_COMMON = {
+    "kind": _Field(_is_str, required=True),
+    "tree_sha256": _Field(_is_sha256),
+    "strip": _Field(_is_int),
+    "include": _Field(_is_str_list),
+    "exclude": _Field(_is_str_list),
+}
+SOURCE_FIELDS = {
+    "git": SOURCE_COMMON
+    | {
+        "url": _Field(_is_str, required=True),
+        "ref": _Field(_is_str),
+        "commit": _Field(_is_sha1),
+        "submodules": _Field(_is_table),
+    },
+    "url": SOURCE_COMMON
+    | {"url": _Field(_is_str, required=True), "sha256": _Field(_is_sha256)},
+    "pypi": SOURCE_COMMON
+    | {
+        "project": _Field(_is_str, required=True),
+        "version": _Field(_is_str, required=True),
+        "filename": _Field(_is_str),
+        "sha256": _Field(_is_sha256),
+    },
+}
+SUBMODULE_FIELDS = {"url": _Field(_is_str, required=True), "commit": _Field(_is_sha1)}
+PACKAGE_FIELDS = {
+    "source": _Field(_is_str, required=True),
+    "overlays": _Field(_is_str_table),
+    "subdir": _Field(_is_str),
+    "patches": _Field(_is_str_list),
+    "env": _Field(_is_str_table),
+    "build_requires": _Field(_is_str_list),
+    "pip_args": _Field(_is_str_list),
+    "jobs_env": _Field(_is_str_list),
+    "mem_per_job_gb": _Field(_is_number),
+    "cuda": _Field(_is_bool),
+    "toolchain_extras": _Field(_is_str_list),
+    "enabled": _Field(_is_bool),
+    "verify": _Field(_is_table),
+}
+VERIFY_FIELDS = {"imports": _Field(_is_str_list), "smoke": _Field(_is_str)}
+PROFILE_FIELDS = {"description": _Field(_is_str), "packages": _Field(_is_table)}
+# What a profile may override: everything but the identity of the sources.
+PROFILE_PACKAGE_FIELDS = {k: v for k, v in PACKAGE_FIELDS.items() if k != "source"}
+
+
+def _suggest(word: str, options: Any) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (perhaps you meant {close[0]!r}?)" if close else ""
+
+
+class _Problems:
+    """Collects every problem of one file before raising."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.items: list[str] = []
+        self.pins: list[str] = []
+
+    def unpinned(self, where: str, message: str) -> None:
+        """A pin `doit lock` can fill in: an error, except while locking."""
+        self.pins.append(f"{self.path}: [{where}] {message}")
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(
+            f"{self.path}: [{where}] {message}" if where else f"{self.path}: {message}"
+        )
+
+    def check_table(
+        self, where: str, table: Mapping[str, Any], schema: Mapping[str, _Field]
+    ) -> bool:
+        ok = True
+        for key, value in table.items():
+            if key not in schema:
+                self.add(
+                    where,
+                    f"unknown key {key!r}{_suggest(key, schema)}; allowed keys: {', '.join(schema)}",
+                )
+                ok = False
+                continue
+            err = schema[key].check(value)
+            if err:
+                self.add(where, f"{key} {err}")
+                ok = False
+        for key, spec in schema.items():
+            if spec.required and key not in table:
+                self.add(where, f"missing required key {key!r}")
+                ok = False
+        return ok
+
+    def raise_if_any(self, require_pins: bool) -> None:
+        items = self.items + (self.pins if require_pins else [])
+        if items:
+            raise LockError(format_problems(self.path, items))
+
+
+def format_problems(path: Path, items: list[str]) -> str:
+    n = len(items)
+    head = f"{path}: {n} problem{'s' if n > 1 else ''} in the lock file:"
+    return "\n".join([head, *("  - " + i for i in items)])
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_lock(path: Path, *, require_pins: bool = True) -> Lock:
+    """Read and validate a lock file; raise :class:`LockError` listing every problem."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise LockError(
+            f"{path}: lock file not found (set lock=PATH or REPRO_LOCK)"
+        ) from None
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise LockError(f"{path}: not valid TOML: {exc}") from None
+    return parse_lock(
+        doc,
+        path=path,
+        sha256=hashlib.sha256(data).hexdigest(),
+        require_pins=require_pins,
+    )
+
+
+def parse_lock(
+    doc: Mapping[str, Any],
+    *,
+    path: Path,
+    sha256: str = "",
+    check_files: bool = True,
+    require_pins: bool = True,
+) -> Lock:
+    """Validate a parsed lock document.
+
+    With ``require_pins=False`` (for `doit lock`), pins that `doit lock` fills
+    in may be missing; they are listed in :attr:`Lock.unpinned`.
+    """
+    p = _Problems(path)
+    p.check_table("", doc, TOP_FIELDS)
+    if isinstance(doc.get("format"), int) and doc["format"] != LOCK_FORMAT:
+        p.add(
+            "",
+            f"format {doc['format']} is not supported; this tool reads format {LOCK_FORMAT}",
+        )
+    toolchain = _parse_toolchain(p, doc.get("toolchain"))
+    sources = _parse_sources(p, doc.get("sources"))
+    patches_dir = (
+        path.parent / doc.get("patches_dir", "patches")
+        if isinstance(doc.get("patches_dir", ""), str)
+        else path.parent
+    )
+    packages = _parse_packages(
+        p, doc.get("packages"), sources, patches_dir if check_files else None
+    )
+    profiles = _parse_profiles(
+        p, doc.get("profiles"), packages, sources, patches_dir if check_files else None
+    )
+    p.raise_if_any(require_pins)
+    return Lock(
+        unpinned=tuple(p.pins),
+        path=path,
+        sha256=sha256,
+        toolchain=toolchain,
+        sources=sources,
+        packages=packages,
+        profiles=profiles,
+        patches_dir=patches_dir,
+    )
+
+
+def _parse_toolchain(p: _Problems, raw: Any) -> Toolchain:
+    if not isinstance(raw, dict) or not p.check_table(
+        "toolchain", raw, TOOLCHAIN_FIELDS
+    ):
+        return Toolchain()
+    return Toolchain(
+        python=raw.get("python", ""),
+        torch=raw.get("torch", ""),
+        torch_cuda=raw.get("torch_cuda", ""),
+        cuda=raw.get("cuda", ""),
+        archs=tuple(raw["archs"]),
+    )
+
+
+def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
+    out: dict[str, Source] = {}
+    if not isinstance(raw, dict):
+        return out
+    for name, entry in raw.items():
+        where = f"sources.{name}"
+        if not NAME_RE.match(name):
+            p.add(where, "source names use letters, digits, '.', '_' and '-'")
+        if not isinstance(entry, dict):
+            p.add(where, "must be a table")
+            continue
+        kind = entry.get("kind")
+        if kind not in SOURCE_KINDS:
+            hint = _suggest(str(kind), SOURCE_KINDS) if isinstance(kind, str) else ""
+            p.add(
+                where,
+                f"kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}{hint}",
+            )
+            continue
+        if not p.check_table(where, entry, SOURCE_FIELDS[kind]):
+            continue
+        subs: list[Submodule] = []
+        for sub_path, sub in entry.get("submodules", {}).items():
+            sw = f"{where}.submodules.{sub_path}"
+            if not isinstance(sub, dict):
+                p.add(sw, "must be a table with url and commit")
+                continue
+            if p.check_table(sw, sub, SUBMODULE_FIELDS):
+                if "commit" not in sub:
+                    p.unpinned(
+                        sw,
+                        "missing 'commit' (run `doit lock` to take it from the superproject)",
+                    )
+                subs.append(
+                    Submodule(
+                        path=sub_path, url=sub["url"], commit=sub.get("commit", "")
+                    )
+                )
+        if kind == "git" and "commit" not in entry:
+            if "ref" in entry:
+                p.unpinned(
+                    where,
+                    f"missing 'commit' (run `doit lock` to resolve ref {entry['ref']!r})",
+                )
+            else:
+                p.add(
+                    where,
+                    "a git source needs 'commit', or a 'ref' (tag or branch) for `doit lock` to resolve",
+                )
+        if kind == "url" and "sha256" not in entry:
+            p.unpinned(
+                where, "missing 'sha256' of the archive (run `doit lock` to fill it in)"
+            )
+        if kind == "pypi" and not ("filename" in entry and "sha256" in entry):
+            p.unpinned(
+                where,
+                "missing 'filename' and 'sha256' of the sdist (run `doit lock` to fill them in)",
+            )
+        if kind == "pypi" and "filename" in entry:
+            stem = canonicalize_name(entry["filename"].split("-")[0])
+            if stem != canonicalize_name(entry["project"]):
+                p.add(
+                    where,
+                    f"filename {entry['filename']!r} does not belong to project {entry['project']!r}",
+                )
+        if "tree_sha256" not in entry:
+            p.unpinned(where, "missing 'tree_sha256' (run `doit lock` to compute it)")
+        out[name] = Source(
+            name=name,
+            kind=kind,
+            url=entry.get("url", ""),
+            ref=entry.get("ref", ""),
+            commit=entry.get("commit", ""),
+            submodules=tuple(sorted(subs, key=lambda s: s.path)),
+            project=entry.get("project", ""),
+            version=entry.get("version", ""),
+            filename=entry.get("filename", ""),
+            sha256=entry.get("sha256", ""),
+            tree_sha256=entry.get("tree_sha256", ""),
+            strip=entry.get("strip"),
+            include=tuple(entry.get("include", ())),
+            exclude=tuple(entry.get("exclude", ())),
+        )
+    return out
+
+
+def _check_package_values(
+    p: _Problems,
+    where: str,
+    name: str,
+    entry: Mapping[str, Any],
+    sources: Mapping[str, Source],
+    patches_dir: Path | None,
+) -> None:
+    """Cross-checks of one package entry (or profile override) against the lock."""
+    if "source" in entry and entry["source"] not in sources:
+        p.add(
+            where,
+            f"source {entry['source']!r} is not defined under [sources]{_suggest(entry['source'], sources)}",
+        )
+    for dest, src in entry.get("overlays", {}).items():
+        if src not in sources:
+            p.add(
+                where,
+                f"overlay {dest!r} names unknown source {src!r}{_suggest(src, sources)}",
+            )
+        if dest.startswith("/") or ".." in Path(dest).parts:
+            p.add(where, f"overlay path {dest!r} must be relative and inside the tree")
+    for key, value in entry.get("env", {}).items():
+        if not ENV_NAME_RE.match(key):
+            p.add(where, f"env name {key!r} is not a valid environment variable name")
+        for ph in PLACEHOLDER_RE.findall(value):
+            if ph not in ENV_PLACEHOLDERS:
+                p.add(
+                    where,
+                    f"env {key} uses unknown placeholder {{{ph}}}{_suggest(ph, ENV_PLACEHOLDERS)}",
+                )
+    for req in entry.get("build_requires", ()):
+        try:
+            Requirement(req)
+        except InvalidRequirement as exc:
+            p.add(
+                where, f"build_requires entry {req!r} is not a valid requirement: {exc}"
+            )
+    for extra in entry.get("toolchain_extras", ()):
+        if extra not in TOOLCHAIN_EXTRAS:
+            p.add(
+                where,
+                f"toolchain_extras entry {extra!r} is unknown{_suggest(extra, TOOLCHAIN_EXTRAS)}",
+            )
+    if patches_dir is not None:
+        for patch in entry.get("patches", ()):
+            if not (patches_dir / name / patch).is_file():
+                p.add(
+                    where, f"patch {patch!r} not found at {patches_dir / name / patch}"
+                )
+    verify = entry.get("verify")
+    if isinstance(verify, dict):
+        p.check_table(f"{where}.verify", verify, VERIFY_FIELDS)
+    subdir = entry.get("subdir", "")
+    if subdir.startswith("/") or ".." in Path(subdir).parts:
+        p.add(where, f"subdir {subdir!r} must be relative and inside the tree")
+
+
+def _package_from(name: str, entry: Mapping[str, Any]) -> Package:
+    verify = entry.get("verify", {})
+    return Package(
+        name=name,
+        source=entry["source"],
+        overlays=tuple(sorted(entry.get("overlays", {}).items())),
+        subdir=entry.get("subdir", ""),
+        patches=tuple(entry.get("patches", ())),
+        env=tuple(sorted(entry.get("env", {}).items())),
+        build_requires=tuple(entry.get("build_requires", ())),
+        pip_args=tuple(entry.get("pip_args", ())),
+        jobs_env=tuple(entry.get("jobs_env", ("MAX_JOBS",))),
+        mem_per_job_gb=float(entry.get("mem_per_job_gb", 2.0)),
+        cuda=bool(entry.get("cuda", False)),
+        toolchain_extras=tuple(entry.get("toolchain_extras", ())),
+        enabled=bool(entry.get("enabled", True)),
+        verify=Verify(
+            imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")
+        ),
+    )
+
+
+def _parse_packages(
+    p: _Problems, raw: Any, sources: Mapping[str, Source], patches_dir: Path | None
+) -> dict[str, Package]:
+    out: dict[str, Package] = {}
+    if not isinstance(raw, dict):
+        return out
+    for name, entry in raw.items():
+        where = f"packages.{name}"
+        if not NAME_RE.match(name):
+            p.add(where, "package names use letters, digits, '.', '_' and '-'")
+        if not isinstance(entry, dict):
+            p.add(where, "must be a table")
+            continue
+        if not p.check_table(where, entry, PACKAGE_FIELDS):
+            continue
+        _check_package_values(p, where, name, entry, sources, patches_dir)
+        out[name] = _package_from(name, entry)
+    return out
+
+
+def _parse_profiles(
+    p: _Problems,
+    raw: Any,
+    packages: Mapping[str, Package],
+    sources: Mapping[str, Source],
+    patches_dir: Path | None,
+) -> dict[str, Profile]:
+    out: dict[str, Profile] = {}
+    if not isinstance(raw, dict):
+        return out
+    for name, entry in raw.items():
+        where = f"profiles.{name}"
+        if name == "default":
+            p.add(
+                where,
+                "'default' is the lock without overrides; choose another profile name",
+            )
+        if not isinstance(entry, dict) or not p.check_table(
+            where, entry, PROFILE_FIELDS
+        ):
+            continue
+        for pkg_name, over in entry.get("packages", {}).items():
+            pw = f"{where}.packages.{pkg_name}"
+            if pkg_name not in packages:
+                p.add(
+                    pw,
+                    f"overrides unknown package {pkg_name!r}{_suggest(pkg_name, packages)}",
+                )
+                continue
+            if not isinstance(over, dict) or not p.check_table(
+                pw, over, PROFILE_PACKAGE_FIELDS
+            ):
+                continue
+            _check_package_values(p, pw, pkg_name, over, sources, patches_dir)
+        out[name] = Profile(
+            name=name,
+            description=entry.get("description", ""),
+            packages=dict(entry.get("packages", {})),
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- arch helpers
+
+
+def arch_env(archs: tuple[str, ...]) -> dict[str, str]:
+    """Spellings of the target architectures that upstream build scripts expect."""
+    torch_list, cmake, gencode = [], [], []
+    for arch in archs:
+        m = ARCH_RE.match(arch)
+        assert m, arch
+        digits, suffix = m.group(1), m.group(2)
+        torch_list.append(f"{digits[:-1]}.{digits[-1]}{suffix}")
+        cmake.append(f"{digits}{suffix}")
+        gencode.append(
+            f"-gencode=arch=compute_{digits}{suffix},code=sm_{digits}{suffix}"
+        )
+    return {
+        "archs": " ".join(archs),
+        "archs_semicolon": ";".join(archs),
+        "torch_arch_list": ";".join(torch_list),
+        "cmake_archs": ";".join(cmake),
+        "cuda_gencode": " ".join(gencode),
+    }
+
+
+def expand_env(env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:
+    """Fill ``{placeholder}`` fields of a package's env from ``values``."""
+    return {
+        k: PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), v)
+        for k, v in env.items()
+    }

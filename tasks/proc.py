@@ -1,0 +1,157 @@
+"""The one way this project runs a subprocess.
+
+Explicit environment, stdin from /dev/null, its own process group, merged
+output appended to a log file, the command echoed at the top of the log. On
+failure the error carries the last lines of the log and its path; on Ctrl-C
+(or any exception) the whole process group is stopped, TERM then KILL.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from tasks.errors import ReproError
+
+TAIL_LINES = 40
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _stop_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return
+            time.sleep(0.05)
+    proc.wait()
+
+
+def run(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log: Path,
+    cwd: Path | None = None,
+    error: type[ReproError] = ReproError,
+    what: str = "",
+    on_line: Callable[[str], None] | None = None,
+) -> None:
+    """Run ``cmd`` to completion, its output appended to ``log``.
+
+    Raises ``error`` naming ``what`` with the tail of the log when the command
+    fails or cannot be started.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    label = what or shlex.join(cmd)
+    with log.open("ab") as out:
+        out.write(f"$ {shlex.join(cmd)}\n".encode())
+        if cwd is not None:
+            out.write(f"# in {cwd}\n".encode())
+        out.flush()
+        try:
+            proc = subprocess.Popen(
+                list(cmd),
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if on_line else out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise error(f"{label}: cannot start {cmd[0]!r}: {exc.strerror}") from None
+        try:
+            if on_line is not None:
+                assert proc.stdout is not None
+                for raw in proc.stdout:
+                    out.write(raw)
+                    out.flush()
+                    on_line(raw.decode("utf-8", "replace"))
+            code = proc.wait()
+        except BaseException:
+            _stop_group(proc)
+            with log.open("ab") as again:
+                again.write(b"\n# interrupted: process group stopped\n")
+            raise
+    if code != 0:
+        reason = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        if code == -signal.SIGKILL:
+            reason += " (possibly out of memory: check `dmesg` and lower jobs=)"
+        raise error(
+            f"{label} failed ({reason}).\n--- last lines of {log} ---\n{tail(log)}\n--- full log: {log}"
+        )
+
+
+def capture(
+    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> str:
+    """Run a short query command and return its stdout ('' when it cannot run or fails)."""
+    try:
+        res = subprocess.run(
+            list(cmd),
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return res.stdout.decode("utf-8", "replace") if res.returncode == 0 else ""
+
+
+def check_output(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    error: type[ReproError] = ReproError,
+    what: str = "",
+    input: bytes | None = None,
+) -> bytes:
+    """Run a command whose stdout we need; raise ``error`` with its stderr on failure."""
+    try:
+        res = subprocess.run(
+            list(cmd),
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise error(
+            f"{what or cmd[0]}: cannot start {cmd[0]!r}: {exc.strerror}"
+        ) from None
+    if res.returncode != 0:
+        msg = res.stderr.decode("utf-8", "replace").strip()
+        raise error(
+            f"{what or shlex.join(cmd)} failed (exit status {res.returncode}): {msg}"
+        )
+    return res.stdout

@@ -1,0 +1,163 @@
+"""Find and download files of PyPI-kind sources through the index the user's pip uses.
+
+The index is pip's own configuration (``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``
+or ``pip config``), so a site mirror or proxy configured for pip is honoured.
+Pages are read in the PEP 503 (HTML) form, which every index serves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+from urllib.request import url2pathname
+
+from packaging.utils import canonicalize_name
+
+from tasks.errors import FetchError
+
+DEFAULT_INDEX = "https://pypi.org/simple/"
+TIMEOUT = 60
+
+
+@dataclass(frozen=True)
+class Link:
+    filename: str
+    url: str
+    sha256: str
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            for key, value in attrs:
+                if key == "href" and value:
+                    self.hrefs.append(value)
+
+
+def parse_simple_page(html: str, base_url: str) -> list[Link]:
+    """Links of a PEP 503 project page, with the sha256 from the URL fragment when given."""
+    parser = _Anchors()
+    parser.feed(html)
+    links = []
+    for href in parser.hrefs:
+        url = urljoin(base_url, href)
+        path, _, fragment = url.partition("#")
+        sha = fragment[len("sha256=") :] if fragment.startswith("sha256=") else ""
+        links.append(
+            Link(filename=unquote(path.rsplit("/", 1)[-1]), url=path, sha256=sha)
+        )
+    return links
+
+
+def pip_indexes() -> list[str]:
+    """The index URLs pip is configured with, main index first."""
+    main = os.environ.get("PIP_INDEX_URL", "")
+    extra = os.environ.get("PIP_EXTRA_INDEX_URL", "").split()
+    if not main or not extra:
+        try:
+            res = subprocess.run(
+                [sys.executable, "-m", "pip", "config", "list"],
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=60,
+                check=False,
+                env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+            )
+            for line in res.stdout.decode().splitlines():
+                key, _, value = line.partition("=")
+                value = value.strip().strip("'\"")
+                if key.endswith(".index-url") and not main:
+                    main = value
+                elif key.endswith(".extra-index-url") and not os.environ.get(
+                    "PIP_EXTRA_INDEX_URL"
+                ):
+                    extra.extend(value.split())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return [main or DEFAULT_INDEX, *extra]
+
+
+def _read(url: str) -> bytes | None:
+    import requests  # imported on use: keeps `doit` start-up fast
+
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        path = Path(url2pathname(parsed.path))
+        if path.is_dir():
+            path = path / "index.html"
+        return path.read_bytes() if path.is_file() else None
+    resp = requests.get(url, timeout=TIMEOUT, headers={"Accept": "text/html"})
+    if resp.status_code == 404:
+        return None
+    resp.raise_for_status()
+    return resp.content
+
+
+def find_file(project: str, filename: str, indexes: list[str] | None = None) -> Link:
+    """Look ``filename`` of ``project`` up in the configured indexes."""
+    tried = []
+    for index in indexes or pip_indexes():
+        page = index.rstrip("/") + f"/{canonicalize_name(project)}/"
+        tried.append(page)
+        try:
+            body = _read(page)
+        except OSError as exc:  # requests' errors are OSErrors
+            tried[-1] += f" ({exc.__class__.__name__})"
+            continue
+        if body is None:
+            continue
+        for link in parse_simple_page(body.decode("utf-8", "replace"), page):
+            if link.filename == filename:
+                return link
+    raise FetchError(
+        f"{filename} of project {project} not found in the package index(es): {', '.join(tried)}"
+    )
+
+
+def list_files(project: str, indexes: list[str] | None = None) -> list[Link]:
+    """Every file of ``project`` in the first index that knows it."""
+    for index in indexes or pip_indexes():
+        page = index.rstrip("/") + f"/{canonicalize_name(project)}/"
+        try:
+            body = _read(page)
+        except OSError:
+            continue
+        if body is not None:
+            return parse_simple_page(body.decode("utf-8", "replace"), page)
+    return []
+
+
+def download(url: str, dest: Path) -> None:
+    """Download ``url`` (http(s) or file) to ``dest``."""
+    import requests
+
+    parsed = urlparse(url)
+    try:
+        if parsed.scheme == "file" or not parsed.scheme:
+            src = Path(url2pathname(parsed.path)) if parsed.scheme else Path(url)
+            with src.open("rb") as fh, dest.open("wb") as out:
+                while chunk := fh.read(1 << 20):
+                    out.write(chunk)
+            return
+        with requests.get(url, stream=True, timeout=TIMEOUT) as resp:
+            resp.raise_for_status()
+            with dest.open("wb") as out:
+                for chunk in resp.iter_content(1 << 20):
+                    out.write(chunk)
+    except OSError as exc:  # requests.RequestException is an OSError
+        raise FetchError(f"download of {url} failed: {exc}") from None
+
+
+def metadata_json(link: Link) -> str:
+    return json.dumps(
+        {"filename": link.filename, "url": link.url, "sha256": link.sha256}
+    )

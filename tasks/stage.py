@@ -1,0 +1,118 @@
+"""Stage 2: a fresh copy of a package's verified sources with its patches applied in order.
+
+A patch that does not apply raises :class:`PatchError` naming the patch and
+the failing hunk, and the half-patched copy is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from tasks import proc
+from tasks.cache import rmtree
+from tasks.errors import PatchError
+from tasks.lockfile import Package
+
+_FAILED_AT = re.compile(r"patch failed: (?P<path>.+):(?P<line>\d+)")
+
+
+def failing_hunk(patch_text: str, path: str, line: int) -> str:
+    """The ``@@`` header of the hunk of ``patch_text`` for ``path`` that starts at ``line``."""
+    current = None
+    for raw in patch_text.splitlines():
+        if raw.startswith("+++ ") or raw.startswith("--- "):
+            name = raw[4:].split("\t")[0].strip()
+            if name != "/dev/null":
+                current = name[2:] if name[:2] in ("a/", "b/") else name
+        elif raw.startswith("@@") and current == path:
+            m = re.match(r"@@ -(\d+)", raw)
+            if m and int(m.group(1)) == line:
+                return raw
+    return ""
+
+
+def apply_patches(root: Path, patches: list[tuple[str, Path]], log: Path) -> None:
+    """Apply each (name, path) patch to the tree at ``root`` with ``git apply``."""
+    env = dict(os.environ)
+    # Never let git discover a repository around the staged tree (ours, say).
+    env["GIT_CEILING_DIRECTORIES"] = str(root.parent)
+    env["LC_ALL"] = "C"
+    for name, path in patches:
+        try:
+            proc.run(
+                [
+                    "git",
+                    "apply",
+                    "--verbose",
+                    "--whitespace=nowarn",
+                    str(path.resolve()),
+                ],
+                env=env,
+                cwd=root,
+                log=log,
+                error=PatchError,
+                what=f"patch {name}",
+            )
+        except PatchError as exc:
+            detail = ""
+            m = _FAILED_AT.search(proc.tail(log, 200))
+            if m:
+                hunk = failing_hunk(
+                    path.read_text(errors="replace"),
+                    m.group("path"),
+                    int(m.group("line")),
+                )
+                detail = f"\nfailing hunk: {m.group('path')}: {hunk or 'line ' + m.group('line')}"
+            raise PatchError(
+                f"patch {path} does not apply to the pinned sources{detail}\n"
+                f"{exc.message}\nNo patched tree was kept. Refresh the patch against the pinned commit."
+            ) from None
+
+
+def stage_package(
+    pkg: Package,
+    *,
+    trees: Mapping[str, Path],
+    patches: list[tuple[str, Path]],
+    dest: Path,
+    log: Path,
+) -> Path:
+    """Copy the package's source trees to ``dest``, apply its patches; return the build directory.
+
+    ``trees`` maps source names to their verified cached trees.
+    """
+    rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copytree(trees[pkg.source], dest, symlinks=True)
+        for rel, src_name in pkg.overlays:
+            target = dest / rel
+            if target.exists() and any(target.iterdir()):
+                raise PatchError(
+                    f"package {pkg.name}: overlay {rel!r} would overwrite files of {pkg.source}"
+                )
+            if target.exists():
+                target.rmdir()
+            shutil.copytree(trees[src_name], target, symlinks=True)
+        # Cached trees are read-only inputs; the copy must be writable for the build.
+        for dirpath, _dirs, files in os.walk(dest):
+            os.chmod(dirpath, 0o755)
+            for f in files:
+                p = os.path.join(dirpath, f)
+                if not os.path.islink(p):
+                    os.chmod(p, 0o755 if os.stat(p).st_mode & 0o100 else 0o644)
+        apply_patches(dest, patches, log)
+    except BaseException:
+        rmtree(dest)
+        raise
+    build_dir = dest / pkg.subdir if pkg.subdir else dest
+    if not build_dir.is_dir():
+        rmtree(dest)
+        raise PatchError(
+            f"package {pkg.name}: subdir {pkg.subdir!r} does not exist in source {pkg.source}"
+        )
+    return build_dir

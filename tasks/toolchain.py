@@ -1,0 +1,289 @@
+"""The toolchain fingerprint: everything about the build environment that can change a wheel.
+
+Probing runs compilers and imports torch (seconds), so the fingerprint is
+memoised in the cache under a cheap stamp: the environment variables that
+steer tool lookup and the file status (inode, size, mtime) of the Python
+executable, its site-packages directories and each tool found on PATH. An
+install or upgrade changes one of those and triggers a new probe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from tasks.cache import Cache, write_atomic
+from tasks.errors import ToolchainError
+from tasks.lockfile import Toolchain
+
+FINGERPRINT_VERSION = 1
+TOOLS = ("nvcc", "cc", "c++", "gcc", "g++", "cmake", "ninja", "cuobjdump")
+COMPILER_ENV = {"cc": "CC", "c++": "CXX"}
+STEERING_ENV = (
+    "PATH",
+    "CC",
+    "CXX",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDNN_PATH",
+    "LD_LIBRARY_PATH",
+    "NVCC",
+    "VIRTUAL_ENV",
+)
+
+# Runs inside the build interpreter; prints one JSON document.
+_PROBE = r"""
+import json, sys, sysconfig, importlib.metadata as md, importlib.util
+out = {"python": sys.version.split()[0], "implementation": sys.implementation.cache_tag,
+       "soabi": sysconfig.get_config_var("SOABI"), "platform": sysconfig.get_platform()}
+if importlib.util.find_spec("torch") is not None:
+    import torch
+    out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                    "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI), "git": getattr(torch.version, "git_version", "")}
+dists = {}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if name:
+        dists[name.lower().replace("_", "-")] = d.version
+out["dists"] = dists
+try:
+    import nvidia.cudnn, os
+    out["cudnn_pip"] = os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0]
+except Exception:
+    pass
+print(json.dumps(out))
+"""
+
+
+def _stat_key(path: str | None) -> list[Any]:
+    if not path:
+        return [None]
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [path, None]
+    return [path, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _site_dirs() -> list[str]:
+    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    paths.update(p for p in sys.path if p.endswith("site-packages"))
+    return sorted(paths)
+
+
+def stamp(env: Mapping[str, str]) -> str:
+    """A cheap digest that changes whenever the fingerprint may have changed."""
+    doc = {
+        "v": FINGERPRINT_VERSION,
+        "env": {k: env.get(k, "") for k in STEERING_ENV},
+        "python": _stat_key(os.path.realpath(sys.executable)),
+        "site": [_stat_key(p) for p in _site_dirs()],
+        "tools": {t: _stat_key(_which(t, env)) for t in TOOLS},
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _which(tool: str, env: Mapping[str, str]) -> str | None:
+    if tool == "nvcc":
+        if env.get("NVCC"):
+            return shutil.which(env["NVCC"], path=env.get("PATH"))
+        found = shutil.which("nvcc", path=env.get("PATH"))
+        if found:
+            return found
+        for home in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda"):
+            if home and Path(home, "bin", "nvcc").is_file():
+                return str(Path(home, "bin", "nvcc"))
+        return None
+    override = env.get(COMPILER_ENV.get(tool, ""), "")
+    if override:
+        return shutil.which(override.split()[0], path=env.get("PATH"))
+    return shutil.which(tool, path=env.get("PATH"))
+
+
+def _first_line(cmd: list[str], pattern: str = "") -> str:
+    try:
+        res = subprocess.run(
+            cmd, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    text = (res.stdout or res.stderr).decode("utf-8", "replace")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if pattern:
+        lines = [ln for ln in lines if re.search(pattern, ln)] or lines
+    return lines[0] if lines else ""
+
+
+def _cudnn_version(paths: Iterable[str]) -> tuple[str, str]:
+    for base in paths:
+        header = Path(base) / "include" / "cudnn_version.h"
+        if header.is_file():
+            text = header.read_text(errors="replace")
+            nums = [
+                re.search(rf"#define CUDNN_{k}\s+(\d+)", text)
+                for k in ("MAJOR", "MINOR", "PATCHLEVEL")
+            ]
+            if all(nums):
+                return ".".join(m.group(1) for m in nums if m), base
+    return "", ""
+
+
+def probe(env: Mapping[str, str]) -> dict[str, Any]:
+    """Run the tools and the interpreter to build the fingerprint (slow: seconds)."""
+    res = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        env=dict(env),
+        timeout=300,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise ToolchainError(
+            f"cannot probe the build interpreter {sys.executable}: {res.stderr.decode()[-2000:]}"
+        )
+    info: dict[str, Any] = json.loads(res.stdout)
+    dists = info.pop("dists")
+    nvcc = _which("nvcc", env)
+    tools: dict[str, Any] = {
+        "nvcc": _first_line([nvcc, "--version"], r"release") if nvcc else "",
+        "nvcc_path": nvcc or "",
+        "cc": _first_line([_which("cc", env) or "cc", "--version"]),
+        "cxx": _first_line([_which("c++", env) or "c++", "--version"]),
+        "cmake": _first_line(["cmake", "--version"]) if _which("cmake", env) else "",
+        "ninja": _first_line(["ninja", "--version"]) if _which("ninja", env) else "",
+    }
+    cudnn_candidates = [env.get("CUDNN_PATH", ""), info.pop("cudnn_pip", ""), "/usr"]
+    cudnn_version, cudnn_path = _cudnn_version([c for c in cudnn_candidates if c])
+    cuda_home = str(Path(nvcc).resolve().parent.parent) if nvcc else ""
+    return {
+        "python": info,
+        "tools": tools,
+        "cudnn": {"version": cudnn_version, "path": cudnn_path},
+        "cuda_home": cuda_home,
+        "dists": dists,
+    }
+
+
+def detect(cache: Cache, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The toolchain description, memoised under :func:`stamp`."""
+    env = dict(os.environ if env is None else env)
+    key = stamp(env)
+    memo = cache.root / "toolchain" / f"{key}.json"
+    try:
+        return dict(json.loads(memo.read_text()))
+    except (FileNotFoundError, ValueError):
+        pass
+    info = probe(env)
+    cache.ensure()
+    write_atomic(memo, json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
+
+
+def nvcc_release(info: Mapping[str, Any]) -> str:
+    m = re.search(r"release (\d+\.\d+)", info["tools"].get("nvcc", ""))
+    return m.group(1) if m else ""
+
+
+def fingerprint(
+    info: Mapping[str, Any], *, extras: Iterable[str] = (), cuda: bool = False
+) -> dict[str, Any]:
+    """The part of the toolchain that enters a package's action key."""
+    py = info["python"]
+    fp: dict[str, Any] = {
+        "python": py["python"],
+        "abi": py["soabi"],
+        "platform": py["platform"],
+        "torch": py.get("torch", {}).get("version", ""),
+        "torch_cuda": py.get("torch", {}).get("cuda") or "",
+        "torch_cxx11_abi": py.get("torch", {}).get("cxx11_abi"),
+        "cc": info["tools"]["cc"],
+        "cxx": info["tools"]["cxx"],
+        "cmake": info["tools"]["cmake"],
+        "ninja": info["tools"]["ninja"],
+    }
+    if cuda:
+        fp["nvcc"] = info["tools"]["nvcc"]
+    if "cudnn" in extras:
+        fp["cudnn"] = info["cudnn"]["version"]
+    return fp
+
+
+def _matches(spec: str, version: str) -> bool:
+    if not spec:
+        return True
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def check_expectations(tc: Toolchain, info: Mapping[str, Any], *, lock: Path) -> None:
+    """Refuse to build against a toolchain the lock does not expect."""
+    problems = []
+    py = info["python"]
+    if not _matches(tc.python, py["python"]):
+        problems.append(f"python {py['python']} does not satisfy {tc.python!r}")
+    torch = py.get("torch")
+    if tc.torch and not torch:
+        problems.append(
+            f"torch is not importable by {sys.executable} (the lock expects {tc.torch!r})"
+        )
+    elif torch and not _matches(tc.torch, torch["version"].split("+")[0]):
+        problems.append(f"torch {torch['version']} does not satisfy {tc.torch!r}")
+    if tc.torch_cuda and not (
+        torch and torch.get("cuda") and _matches(tc.torch_cuda, torch["cuda"])
+    ):
+        problems.append(
+            f"torch's CUDA {torch.get('cuda') if torch else None} does not satisfy {tc.torch_cuda!r}"
+        )
+    if tc.cuda:
+        release = nvcc_release(info)
+        if not release:
+            problems.append(
+                f"nvcc not found (the lock expects CUDA {tc.cuda!r}); put it on PATH or set CUDA_HOME"
+            )
+        elif not _matches(tc.cuda, release):
+            problems.append(f"nvcc {release} does not satisfy {tc.cuda!r}")
+    if problems:
+        raise ToolchainError(
+            f"the build toolchain does not match {lock} [toolchain]:\n  - "
+            + "\n  - ".join(problems)
+            + "\nUse the environment the lock was written for, or change [toolchain] deliberately."
+        )
+
+
+def check_build_requires(
+    requires: Iterable[str], info: Mapping[str, Any], *, package: str
+) -> dict[str, str]:
+    """Installed versions of a package's build requirements; error listing what is missing."""
+    dists: Mapping[str, str] = info["dists"]
+    found, missing = {}, []
+    for raw in requires:
+        req = Requirement(raw)
+        name = req.name.lower().replace("_", "-")
+        version = dists.get(name)
+        if version is None or not _matches(str(req.specifier), version):
+            missing.append(raw if version is None else f"{raw} (installed: {version})")
+        else:
+            found[name] = version
+    if missing:
+        quoted = " ".join(f"'{m.split(' (')[0]}'" for m in missing)
+        raise ToolchainError(
+            f"package {package}: build requirements not satisfied in {sys.executable}: {', '.join(missing)}. "
+            f"Builds run without isolation; install them first: {sys.executable} -m pip install {quoted}"
+        )
+    return found

@@ -1,0 +1,1363 @@
+"""Verify stage: prove that the wheelhouse installs and works.
+
+``verify_wheelhouse`` installs ``wheels/`` into a fresh scratch venv (offline,
+hash-pinned, torch from the base environment) and checks, per wheel:
+
+- ``deps``: the wheel's requirements are met in the venv;
+- ``import``: the modules the manifest names and every extension module the
+  wheel installs import in the venv's interpreter;
+- ``libs``: every shared object opens through the real loader (RTLD_NOW), so
+  each NEEDED library resolves;
+- ``symbols``: no undefined symbol, and no c10/at/torch symbol that the
+  installed torch does not define (the classic ABI mismatch);
+- ``arch``: every object with device code carries SASS for each target arch
+  of the manifest (checked with ``cuobjdump``), none left to PTX JIT;
+- ``smoke:*``: the package's smoke script from ``tasks/smoke/``, GPU parts
+  skipped (never passed) where no GPU is present or ``gpu="off"``.
+
+The result is a :class:`Report`, also written to ``report.json`` and
+``report.txt`` in the work directory. ``run_verify`` raises
+:class:`~tasks.errors.VerifyFailed` when any check fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from tasks import elfcheck, proc
+from tasks.errors import ReproError, VerifyFailed
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = Path(__file__).resolve().with_name("verify_runner.py")
+SMOKE_DIR = Path(__file__).resolve().parent / "smoke"
+
+Status = Literal["PASS", "FAIL", "SKIP"]
+GpuMode = Literal["auto", "off", "on"]
+GPU_MODES: tuple[str, ...] = get_args(GpuMode)
+
+SMOKE_TIMEOUT_S = 600.0
+RUNNER_TIMEOUT_S = 600.0
+TOOL_TIMEOUT_S = 300.0
+MAX_RUNNER_RESTARTS = 8
+DETAIL_WIDTH = 96
+CUOBJDUMP_HINT = (
+    "install it with `pip install nvidia-cuda-cuobjdump` (or put the CUDA toolkit's "
+    "bin/ on PATH, or set CUDA_HOME)"
+)
+
+# Variables that would make the venv's interpreter see or do something else
+# than the venv; they are dropped from every child's environment.
+_DROPPED_ENV = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+    "PYTHONSAFEPATH",
+    "PYTHONWARNINGS",
+    "PYTHONINSPECT",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "PIP_REQUIRE_VIRTUALENV",
+    "PIP_TARGET",
+    "PIP_PREFIX",
+    "PIP_USER",
+    "__PYVENV_LAUNCHER__",
+    "REPRO_VERIFY_GPU",
+)
+
+
+# --------------------------------------------------------------------------
+# Report
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One check of one package."""
+
+    package: str
+    check: str
+    status: Status
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    """All rows of one verification run."""
+
+    rows: tuple[Row, ...]
+    wheel_dir: str = ""
+    archs: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> int:
+        return sum(row.status == "PASS" for row in self.rows)
+
+    @property
+    def failed(self) -> int:
+        return sum(row.status == "FAIL" for row in self.rows)
+
+    @property
+    def skipped(self) -> int:
+        return sum(row.status == "SKIP" for row in self.rows)
+
+    @property
+    def ok(self) -> bool:
+        """True when no row failed (skips do not fail a run)."""
+        return self.failed == 0
+
+    def failures(self) -> tuple[Row, ...]:
+        return tuple(row for row in self.rows if row.status == "FAIL")
+
+    def summary(self) -> str:
+        return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
+
+    def render(self, detail_width: int = DETAIL_WIDTH) -> str:
+        """A fixed-width table, one line per row, and the summary line."""
+        header = ("package", "check", "status", "detail")
+        cells = [header] + [
+            (row.package, row.check, row.status, _one_line(row.detail, detail_width))
+            for row in self.rows
+        ]
+        widths = [max(len(cell[i]) for cell in cells) for i in range(3)]
+        lines = []
+        for i, cell in enumerate(cells):
+            line = (
+                "  ".join(cell[j].ljust(widths[j]) for j in range(3)) + "  " + cell[3]
+            )
+            lines.append(line.rstrip())
+            if i == 0:
+                lines.append(
+                    "  ".join("-" * w for w in widths) + "  " + "-" * len("detail")
+                )
+        lines.append("")
+        lines.append(self.summary())
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "ok": self.ok,
+            "summary": {
+                "passed": self.passed,
+                "failed": self.failed,
+                "skipped": self.skipped,
+            },
+            "wheel_dir": self.wheel_dir,
+            "archs": list(self.archs),
+            "rows": [asdict(row) for row in self.rows],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        return cls(
+            rows=tuple(Row(**row) for row in data["rows"]),
+            wheel_dir=str(data.get("wheel_dir", "")),
+            archs=tuple(data.get("archs", ())),
+        )
+
+
+def _one_line(text: str, width: int) -> str:
+    flat = " | ".join(
+        part.strip() for part in text.strip().splitlines() if part.strip()
+    )
+    if len(flat) <= width:
+        return flat
+    return flat[: max(width - 3, 0)] + "..."
+
+
+# --------------------------------------------------------------------------
+# Manifest
+
+
+@dataclass(frozen=True, kw_only=True)
+class WheelSpec:
+    """One wheel of ``wheels/manifest.json`` and what to verify of it."""
+
+    package: str
+    name: str
+    version: str
+    filename: str
+    sha256: str
+    cuda: bool = False
+    imports: tuple[str, ...] | None = None
+    smoke: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    archs: tuple[str, ...]
+    wheels: tuple[WheelSpec, ...]
+
+
+_ARCH = re.compile(r"^(?:sm_|compute_)?(?P<num>\d{2,3})(?P<suffix>[af]?)$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def normalize_arch(arch: str) -> str:
+    """``sm_90a``, ``compute_90a`` and ``90a`` all become ``sm_90a``."""
+    match = _ARCH.match(arch.strip())
+    if match is None:
+        raise ValueError(f"not a CUDA architecture: {arch!r} (expected e.g. 'sm_90a')")
+    return f"sm_{match['num']}{match['suffix']}"
+
+
+def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest:
+    """Validate a manifest document; every problem is reported at once."""
+    problems: list[str] = []
+    archs: list[str] = []
+    for arch in data.get("archs", []) or []:
+        try:
+            archs.append(normalize_arch(str(arch)))
+        except ValueError as exc:
+            problems.append(f"archs: {exc}")
+    wheels: list[WheelSpec] = []
+    entries = data.get("wheels")
+    if not isinstance(entries, list):
+        problems.append("'wheels' must be a list")
+        entries = []
+    for i, entry in enumerate(entries):
+        label = f"wheels[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{label}: must be an object")
+            continue
+        label = f"wheels[{i}] ({entry.get('package') or entry.get('name') or '?'})"
+        missing = [
+            k
+            for k in ("package", "name", "version", "filename", "sha256")
+            if not entry.get(k)
+        ]
+        if missing:
+            problems.append(f"{label}: missing {', '.join(missing)}")
+            continue
+        verify = entry.get("verify") or {}
+        imports = verify.get("imports")
+        if imports is not None:
+            bad = [m for m in imports if not isinstance(m, str) or not _MODULE.match(m)]
+            if bad or not isinstance(imports, list):
+                problems.append(
+                    f"{label}: verify.imports must be a list of module names, got {bad}"
+                )
+                imports = None
+        smoke = verify.get("smoke")
+        if smoke is not None and (
+            not isinstance(smoke, str) or not _MODULE.match(smoke)
+        ):
+            problems.append(
+                f"{label}: verify.smoke must be a script name, got {smoke!r}"
+            )
+            smoke = None
+        wheels.append(
+            WheelSpec(
+                package=str(entry["package"]),
+                name=str(entry["name"]),
+                version=str(entry["version"]),
+                filename=str(entry["filename"]),
+                sha256=str(entry["sha256"]),
+                cuda=bool(entry.get("cuda", False)),
+                imports=tuple(imports) if imports else None,
+                smoke=smoke,
+            )
+        )
+    if problems:
+        raise ReproError(
+            f"{where} is invalid:\n  "
+            + "\n  ".join(problems)
+            + "\nRebuild it with `doit wheels`."
+        )
+    return Manifest(archs=tuple(archs), wheels=tuple(wheels))
+
+
+def load_manifest(wheel_dir: Path) -> Manifest:
+    path = wheel_dir / "manifest.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReproError(
+            f"{path} does not exist: build the wheelhouse first (`doit wheels`)"
+        ) from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReproError(
+            f"{path} cannot be read: {exc}; rebuild it with `doit wheels`"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ReproError(
+            f"{path}: expected a JSON object; rebuild it with `doit wheels`"
+        )
+    return parse_manifest(data, where=str(path))
+
+
+# --------------------------------------------------------------------------
+# Pure helpers (unit-tested)
+
+
+def module_name(relpath: str, ext_suffixes: Sequence[str]) -> str | None:
+    """Dotted module name of an extension file, relative to site-packages.
+
+    ``pkg/_core.cpython-311-x86_64-linux-gnu.so`` becomes ``pkg._core``. Only
+    the interpreter's own extension suffixes count (a plain ``.so`` is a
+    library, not a module); files outside importable directories give None.
+    """
+    parts = relpath.replace(os.sep, "/").split("/")
+    for suffix in sorted(
+        (s for s in ext_suffixes if s != ".so"), key=len, reverse=True
+    ):
+        if parts[-1].endswith(suffix):
+            parts[-1] = parts[-1][: -len(suffix)]
+            dotted = ".".join(parts)
+            return dotted if _MODULE.match(dotted) else None
+    return None
+
+
+_SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
+
+
+def is_shared_object_name(path: str) -> bool:
+    return _SHARED_OBJECT.search(path) is not None
+
+
+_CUOBJDUMP_LINE = re.compile(r"^\s*(?P<kind>ELF|PTX) file\s+\d+:\s+(?P<name>\S+)\s*$")
+_EMBEDDED_ARCH = re.compile(r"\.(?:sm|compute)_(?P<arch>\d{2,3}[af]?)\.(?:cubin|ptx)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceCode:
+    """What ``cuobjdump --list-elf`` and ``--list-ptx`` found in one object."""
+
+    sass: frozenset[str] = field(default_factory=frozenset)
+    ptx: frozenset[str] = field(default_factory=frozenset)
+    unknown: tuple[str, ...] = ()
+
+
+def parse_cuobjdump(list_elf: str, list_ptx: str = "") -> DeviceCode:
+    """Parse the listings: ``ELF file 1: x.1.sm_90a.cubin`` gives SASS sm_90a."""
+    sass: set[str] = set()
+    ptx: set[str] = set()
+    unknown: list[str] = []
+    for line in (list_elf + "\n" + list_ptx).splitlines():
+        match = _CUOBJDUMP_LINE.match(line)
+        if match is None:
+            continue
+        arch = _EMBEDDED_ARCH.search(match["name"])
+        if arch is None:
+            unknown.append(match["name"])
+            continue
+        (sass if match["kind"] == "ELF" else ptx).add(f"sm_{arch['arch']}")
+    return DeviceCode(sass=frozenset(sass), ptx=frozenset(ptx), unknown=tuple(unknown))
+
+
+def arch_problems(code: DeviceCode, targets: Sequence[str]) -> list[str]:
+    """Why an object's device code does not meet the targets (empty: it does)."""
+    problems = []
+    missing = [arch for arch in targets if arch not in code.sass]
+    if missing:
+        problems.append("no SASS for " + ", ".join(missing))
+    jit = sorted(code.ptx - code.sass)
+    if jit:
+        problems.append("PTX without SASS for " + ", ".join(jit) + " (left to PTX JIT)")
+    return problems
+
+
+def _arch_key(arch: str) -> tuple[int, str]:
+    match = _ARCH.match(arch)
+    return (int(match["num"]), match["suffix"]) if match else (0, arch)
+
+
+def describe_device_code(code: DeviceCode) -> str:
+    sass = ", ".join(sorted(code.sass, key=_arch_key)) or "none"
+    ptx = ", ".join(sorted(code.ptx, key=_arch_key)) or "none"
+    return f"SASS {sass}; PTX {ptx}"
+
+
+def signal_text(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+# --------------------------------------------------------------------------
+# Processes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int
+    output: str
+    log: Path
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def tail(self, lines: int = 12) -> str:
+        return "\n".join(self.output.rstrip().splitlines()[-lines:])
+
+    def failure(self, what: str) -> str:
+        why = "timed out" if self.timed_out else signal_text(self.returncode)
+        return f"{what} failed ({why}); log: {self.log}\n{self.tail()}"
+
+
+def run_logged(
+    argv: Sequence[str],
+    *,
+    log: Path,
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+    timeout: float | None = None,
+) -> Completed:
+    """Run one command: stdin from /dev/null, its own process group, stdout
+    and stderr merged and appended to ``log`` after the echoed command.
+
+    On timeout or Ctrl-C the whole process group is stopped (TERM, then KILL).
+    Returns the exit status and this command's part of the log.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        fh.write(f"$ {shlex.join(argv)}\n".encode())
+        if cwd is not None:
+            fh.write(f"# cwd: {cwd}\n".encode())
+        fh.flush()
+        start = fh.tell()
+        timed_out = False
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            fh.write(f"cannot run {argv[0]}: {exc}\n".encode())
+            return Completed(argv=tuple(argv), returncode=127, output=str(exc), log=log)
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            returncode = (
+                proc.returncode if proc.returncode is not None else -signal.SIGKILL
+            )
+            timed_out = True
+            fh.write(
+                f"\n# timed out after {timeout} s: process group stopped\n".encode()
+            )
+        except BaseException:
+            _stop_group(proc)
+            raise
+        fh.flush()
+    with log.open("rb") as fh:
+        fh.seek(start)
+        output = fh.read().decode("utf-8", errors="replace")
+    return Completed(
+        argv=tuple(argv),
+        returncode=returncode,
+        output=output,
+        log=log,
+        timed_out=timed_out,
+    )
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def child_env(venv: Path | None = None, gpu: GpuMode = "auto") -> dict[str, str]:
+    """The environment of every child: ours, less what would redirect Python."""
+    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+    env.update(
+        PYTHONNOUSERSITE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONFAULTHANDLER="1",
+        PYTHONUNBUFFERED="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_INPUT="1",
+        PIP_NO_COLOR="1",
+    )
+    if venv is not None:
+        env["VIRTUAL_ENV"] = str(venv)
+        env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", os.defpath)])
+    if gpu == "off":
+        env["REPRO_VERIFY_GPU"] = "0"
+    elif gpu == "on":
+        env["REPRO_VERIFY_GPU"] = "1"
+    return env
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------
+# Tools
+
+
+def find_cuobjdump(site_dirs: Iterable[str | Path] = ()) -> Path | None:
+    """cuobjdump from PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, or the
+    ``nvidia-cuda-cuobjdump`` wheel (site-packages/nvidia/**/bin)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return Path(found)
+    candidates = [
+        Path(os.environ[var]) / "bin" / "cuobjdump"
+        for var in ("CUDA_HOME", "CUDA_PATH")
+        if os.environ.get(var)
+    ]
+    candidates.append(Path("/usr/local/cuda/bin/cuobjdump"))
+    dirs = [Path(d) for d in site_dirs]
+    dirs += [
+        Path(p)
+        for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    ]
+    for site_dir in dirs:
+        nvidia = site_dir / "nvidia"
+        if nvidia.is_dir():
+            candidates.extend(sorted(nvidia.glob("**/bin/cuobjdump")))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+class Demangler:
+    """c++filt, when it is installed; names pass through unchanged otherwise."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._tool = shutil.which("c++filt", path=env.get("PATH"))
+        self._env = env
+        self._cache: dict[str, str] = {}
+
+    def __call__(self, names: Sequence[str]) -> list[str]:
+        todo = sorted({n for n in names if n not in self._cache and n.startswith("_Z")})
+        if todo and self._tool:
+            lines = proc.capture([self._tool, *todo], env=self._env).splitlines()
+            if len(lines) == len(todo):
+                self._cache.update(zip(todo, lines, strict=True))
+        return [self._cache.get(n, n) for n in names]
+
+
+# --------------------------------------------------------------------------
+# The run
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ItemResult:
+    kind: str
+    target: str
+    ok: bool
+    error: str = ""
+
+
+class _Session:
+    """State of one verification run: paths, environment, logs, tools."""
+
+    def __init__(
+        self,
+        *,
+        wheel_dir: Path,
+        work_dir: Path,
+        python: str,
+        gpu: GpuMode,
+        log_dir: Path,
+    ) -> None:
+        self.wheel_dir = wheel_dir
+        self.work_dir = work_dir
+        self.python = python
+        self.gpu = gpu
+        self.log_dir = log_dir
+        self.venv = work_dir / "venv"
+        self.venv_python = self.venv / "bin" / "python"
+        self.scratch = work_dir / "scratch"
+        self.env = child_env(self.venv, gpu)
+        self._logs: set[Path] = set()
+        self.demangle = Demangler(self.env)
+        self._torch_indexes: dict[Path, elfcheck.SymbolIndex] = {}
+
+    def log(self, name: str) -> Path:
+        """``<log_dir>/<name>.log``, emptied the first time this run asks."""
+        path = self.log_dir / f"{_safe(name)}.log"
+        if path not in self._logs:
+            self._logs.add(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")
+        return path
+
+    def torch_index(self, torch_lib: Path) -> elfcheck.SymbolIndex:
+        """Who defines what among torch's libraries; built once per run."""
+        if torch_lib not in self._torch_indexes:
+            libs = [
+                p for p in torch_lib.glob("*.so*") if p.is_file() and elfcheck.is_elf(p)
+            ]
+            self._torch_indexes[torch_lib] = elfcheck.SymbolIndex(libs)
+        return self._torch_indexes[torch_lib]
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        log: str,
+        timeout: float | None = None,
+        cwd: Path | None = None,
+    ) -> Completed:
+        return run_logged(
+            argv,
+            log=self.log(log),
+            env=self.env,
+            timeout=timeout,
+            cwd=cwd or self.scratch,
+        )
+
+    def runner_info(
+        self, python: str | Path, dists: Sequence[str], *, log: str
+    ) -> dict[str, Any] | Completed:
+        request = self.scratch / f"{log}.request.json"
+        out = self.scratch / f"{log}.json"
+        atomic_write(request, json.dumps({"dists": list(dists)}))
+        out.unlink(missing_ok=True)
+        done = self.run(
+            [str(python), str(RUNNER), "info", str(request), str(out)],
+            log=log,
+            timeout=TOOL_TIMEOUT_S,
+        )
+        if not done.ok or not out.is_file():
+            return done
+        result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+        return result
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
+
+
+def verify_wheelhouse(
+    wheel_dir: Path,
+    work_dir: Path,
+    *,
+    python: str = sys.executable,
+    gpu: str = "auto",
+    log_dir: Path | None = None,
+    smoke_timeout: float = SMOKE_TIMEOUT_S,
+) -> Report:
+    """Install ``wheel_dir`` into a fresh venv under ``work_dir`` and check it.
+
+    Returns the report (also written to ``work_dir/report.{json,txt}``); it
+    does not raise for failed checks: see :func:`run_verify`.
+    """
+    if gpu not in GPU_MODES:
+        raise ReproError(f"gpu must be one of {', '.join(GPU_MODES)}, not {gpu!r}")
+    wheel_dir = Path(wheel_dir).resolve()
+    work_dir = Path(work_dir).resolve()
+    manifest = load_manifest(wheel_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    session = _Session(
+        wheel_dir=wheel_dir,
+        work_dir=work_dir,
+        python=python,
+        gpu=gpu,  # type: ignore[arg-type]  # checked against GPU_MODES above
+        log_dir=Path(log_dir).resolve() if log_dir is not None else work_dir / "logs",
+    )
+    rows = list(_verify(session, manifest, smoke_timeout=smoke_timeout))
+    report = Report(rows=tuple(rows), wheel_dir=str(wheel_dir), archs=manifest.archs)
+    atomic_write(work_dir / "report.json", report.to_json())
+    atomic_write(work_dir / "report.txt", report.render())
+    return report
+
+
+def run_verify(wheel_dir: Path, work_dir: Path, **kwargs: Any) -> Report:
+    """``verify_wheelhouse``, raising :class:`VerifyFailed` if any check failed."""
+    report = verify_wheelhouse(wheel_dir, work_dir, **kwargs)
+    if not report.ok:
+        failed = "\n".join(
+            f"  {row.package} {row.check}: {_one_line(row.detail, 160)}"
+            for row in report.failures()
+        )
+        raise VerifyFailed(
+            f"verify: {report.summary()}\n{failed}\n"
+            f"Full report: {Path(work_dir).resolve() / 'report.txt'}; logs beside it in logs/."
+        )
+    return report
+
+
+def _verify(
+    session: _Session, manifest: Manifest, *, smoke_timeout: float
+) -> Iterator[Row]:
+    house = "wheelhouse"
+    yield _check_hashes(session.wheel_dir, manifest)
+
+    base = session.runner_info(session.python, [], log="base-python")
+    if isinstance(base, Completed):
+        yield Row(
+            package=house,
+            check="venv",
+            status="FAIL",
+            detail=base.failure(f"{session.python} (base interpreter)"),
+        )
+        return
+    venv_row = _make_venv(session, base)
+    yield venv_row
+    if venv_row.status == "FAIL":
+        return
+    install_row = _install(session)
+    yield install_row
+    if install_row.status == "FAIL":
+        return
+
+    info = session.runner_info(
+        session.venv_python, [w.name for w in manifest.wheels], log="venv-info"
+    )
+    if isinstance(info, Completed):
+        yield Row(
+            package=house,
+            check="inspect",
+            status="FAIL",
+            detail=info.failure("inspecting the venv"),
+        )
+        return
+    cuobjdump = find_cuobjdump([*info.get("site_dirs", []), *base.get("site_dirs", [])])
+    for spec in manifest.wheels:
+        yield from _verify_wheel(
+            session, manifest, spec, info, cuobjdump, smoke_timeout=smoke_timeout
+        )
+
+
+def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
+    problems = []
+    for spec in manifest.wheels:
+        path = wheel_dir / spec.filename
+        if not path.is_file():
+            problems.append(f"{spec.filename}: missing")
+        elif sha256_file(path) != spec.sha256:
+            problems.append(f"{spec.filename}: sha256 differs from the manifest")
+    if problems:
+        return Row(
+            package="wheelhouse",
+            check="sha256",
+            status="FAIL",
+            detail="; ".join(problems) + "; rebuild with `doit wheels`",
+        )
+    return Row(
+        package="wheelhouse",
+        check="sha256",
+        status="PASS",
+        detail=f"{len(manifest.wheels)} wheels match manifest.json",
+    )
+
+
+def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
+    if session.venv.exists():
+        shutil.rmtree(session.venv)
+    session.scratch.mkdir(parents=True, exist_ok=True)
+    done = session.run(
+        [session.python, "-m", "venv", "--system-site-packages", str(session.venv)],
+        log="venv",
+        timeout=TOOL_TIMEOUT_S,
+    )
+    if not done.ok:
+        return Row(
+            package="wheelhouse",
+            check="venv",
+            status="FAIL",
+            detail=done.failure("python -m venv"),
+        )
+    note = ""
+    if base.get("in_venv"):
+        # --system-site-packages reaches the *base* interpreter's packages, not
+        # those of a venv we were started from; a .pth file makes them visible,
+        # after the scratch venv's own site-packages.
+        pth_dirs = [d for d in base.get("site_dirs", []) if Path(d).is_dir()]
+        for site_dir in _venv_site_dirs(session.venv):
+            atomic_write(
+                site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs)
+            )
+        note = f"; base venv {base.get('prefix')} visible through a .pth file"
+    return Row(
+        package="wheelhouse",
+        check="venv",
+        status="PASS",
+        detail=f"{session.venv} (Python {base.get('python')}, --system-site-packages){note}",
+    )
+
+
+def _venv_site_dirs(venv: Path) -> list[Path]:
+    return sorted(p for p in venv.glob("lib*/python*/site-packages") if p.is_dir())
+
+
+def _install(session: _Session) -> Row:
+    requirements = session.wheel_dir / "requirements.txt"
+    if not requirements.is_file():
+        return Row(
+            package="wheelhouse",
+            check="install",
+            status="FAIL",
+            detail=f"{requirements} does not exist; rebuild the wheelhouse with `doit wheels`",
+        )
+    done = session.run(
+        [
+            str(session.venv_python), "-m", "pip", "install",
+            "--no-index", "--no-deps", "--ignore-installed", "--require-hashes",
+            "--find-links", str(session.wheel_dir),
+            "-r", str(requirements),
+        ],
+        log="install",
+        timeout=TOOL_TIMEOUT_S,
+    )  # fmt: skip
+    if not done.ok:
+        return Row(
+            package="wheelhouse",
+            check="install",
+            status="FAIL",
+            detail=done.failure("pip install"),
+        )
+    return Row(
+        package="wheelhouse",
+        check="install",
+        status="PASS",
+        detail="pip install --no-index --no-deps --require-hashes -r requirements.txt",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Installed:
+    """One installed wheel as the venv's interpreter sees it."""
+
+    location: Path
+    files: tuple[Path, ...]
+    top_level: tuple[str, ...]
+    shared_objects: tuple[Path, ...]
+    extension_modules: tuple[str, ...]
+
+
+def _installed(dist: Mapping[str, Any], ext_suffixes: Sequence[str]) -> _Installed:
+    location = Path(dist["location"])
+    files = tuple(Path(f) for f in dist["files"])
+    shared = tuple(
+        f for f in files if is_shared_object_name(f.name) and elfcheck.is_elf(f)
+    )
+    modules = []
+    for f in shared:
+        try:
+            rel = f.relative_to(location)
+        except ValueError:
+            continue
+        name = module_name(rel.as_posix(), ext_suffixes)
+        if name is not None:
+            modules.append(name)
+    return _Installed(
+        location=location,
+        files=files,
+        top_level=tuple(dist.get("top_level", [])),
+        shared_objects=shared,
+        extension_modules=tuple(modules),
+    )
+
+
+def _verify_wheel(
+    session: _Session,
+    manifest: Manifest,
+    spec: WheelSpec,
+    info: Mapping[str, Any],
+    cuobjdump: Path | None,
+    *,
+    smoke_timeout: float,
+) -> Iterator[Row]:
+    pkg = spec.package
+    dist = info["dists"].get(spec.name, {"found": False})
+    if not dist.get("found"):
+        yield Row(
+            package=pkg,
+            check="install",
+            status="FAIL",
+            detail=f"{spec.name} is not installed in {session.venv}",
+        )
+        return
+    venv_prefix = str(Path(info["prefix"]).resolve())
+    if dist["version"] != spec.version or not dist["location"].startswith(venv_prefix):
+        yield Row(
+            package=pkg,
+            check="install",
+            status="FAIL",
+            detail=(
+                f"the venv sees {spec.name} {dist['version']} from {dist['location']}, "
+                f"expected {spec.version} from the wheelhouse"
+            ),
+        )
+        return
+    installed = _installed(dist, info["ext_suffixes"])
+
+    problems = dist.get("requirement_problems", [])
+    if problems:
+        yield Row(
+            package=pkg,
+            check="deps",
+            status="FAIL",
+            detail="unmet: " + "; ".join(problems),
+        )
+    else:
+        yield Row(
+            package=pkg, check="deps", status="PASS", detail="all requirements met"
+        )
+
+    imports = list(
+        dict.fromkeys(
+            [*(spec.imports or installed.top_level), *installed.extension_modules]
+        )
+    )
+    results = _run_checks(session, spec, imports, installed.shared_objects)
+    yield _import_row(pkg, imports, results)
+
+    elf_infos, elf_errors = _read_elves(installed.shared_objects)
+    yield _libs_row(pkg, installed, results, elf_infos, elf_errors)
+    yield _symbols_row(
+        session, pkg, installed, results, elf_infos, info.get("torch_lib")
+    )
+    yield _arch_row(session, manifest, spec, installed, elf_infos, cuobjdump)
+    if spec.smoke:
+        yield from _smoke_rows(session, spec, timeout=smoke_timeout)
+
+
+def _run_checks(
+    session: _Session, spec: WheelSpec, imports: Sequence[str], shared: Sequence[Path]
+) -> dict[tuple[str, str], _ItemResult]:
+    """Run the imports and dlopens in the venv, one process per wheel; after a
+    crash, blame the item that was running and go on in a fresh process."""
+    items = [("import", m) for m in imports] + [("dlopen", str(p)) for p in shared]
+    results: dict[tuple[str, str], _ItemResult] = {}
+    preload: list[str] = []
+    log = f"{spec.package}.check"
+    for attempt in range(MAX_RUNNER_RESTARTS + 1):
+        todo = [item for item in items if item not in results]
+        if not todo:
+            break
+        request = session.scratch / f"{_safe(spec.package)}.check.{attempt}.json"
+        out = session.scratch / f"{_safe(spec.package)}.check.{attempt}.jsonl"
+        atomic_write(
+            request,
+            json.dumps(
+                {
+                    "preload": preload,
+                    "items": [{"kind": k, "target": t} for k, t in todo],
+                }
+            ),
+        )
+        out.unlink(missing_ok=True)
+        done = session.run(
+            [str(session.venv_python), str(RUNNER), "check", str(request), str(out)],
+            log=log,
+            timeout=RUNNER_TIMEOUT_S,
+        )
+        running: tuple[str, str] | None = None
+        preload_failures = []
+        for event in _read_events(out):
+            key = (str(event["kind"]), str(event["target"]))
+            if event["phase"] == "start":
+                running = key
+                continue
+            running = None
+            if key[0] == "preload":
+                if not event["ok"]:
+                    preload_failures.append(f"{key[1]}: {event.get('error', '')}")
+                continue
+            results[key] = _ItemResult(
+                kind=key[0],
+                target=key[1],
+                ok=bool(event["ok"]),
+                error=str(event.get("error", "")),
+            )
+        if done.ok:
+            for kind, target in todo:
+                results.setdefault(
+                    (kind, target),
+                    _ItemResult(
+                        kind=kind,
+                        target=target,
+                        ok=False,
+                        error=f"no result from the runner; log: {done.log}",
+                    ),
+                )
+            if preload_failures and attempt == 0:
+                results[("preload", "")] = _ItemResult(
+                    kind="preload",
+                    target="",
+                    ok=False,
+                    error="; ".join(preload_failures),
+                )
+            break
+        why = done.failure("verify_runner")
+        if running is None or running[0] == "preload":
+            # Died outside any item (while importing torch, or at exit):
+            # nothing more can be learned by restarting.
+            where = f"while importing {running[1]}" if running else "outside the checks"
+            for kind, target in todo:
+                results.setdefault(
+                    (kind, target),
+                    _ItemResult(
+                        kind=kind,
+                        target=target,
+                        ok=False,
+                        error=f"runner died {where}: {why}",
+                    ),
+                )
+            break
+        results[running] = _ItemResult(
+            kind=running[0], target=running[1], ok=False, error=f"crashed: {why}"
+        )
+        preload = [t for (k, t), r in results.items() if k == "import" and r.ok]
+    return results
+
+
+def _read_events(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.is_file():
+        return
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if isinstance(event, dict) and {"phase", "kind", "target"} <= event.keys():
+            yield event
+
+
+def _import_row(
+    pkg: str, imports: Sequence[str], results: Mapping[tuple[str, str], _ItemResult]
+) -> Row:
+    if not imports:
+        return Row(
+            package=pkg,
+            check="import",
+            status="FAIL",
+            detail="nothing to import: no verify.imports and no top-level package found",
+        )
+    failed = [results[("import", m)] for m in imports if not results[("import", m)].ok]
+    if failed:
+        return Row(
+            package=pkg,
+            check="import",
+            status="FAIL",
+            detail="\n".join(f"{r.target}: {r.error}" for r in failed),
+        )
+    return Row(
+        package=pkg,
+        check="import",
+        status="PASS",
+        detail=f"{len(imports)} modules: {', '.join(imports)}",
+    )
+
+
+def _read_elves(
+    paths: Sequence[Path],
+) -> tuple[dict[Path, elfcheck.ElfInfo], dict[Path, str]]:
+    infos: dict[Path, elfcheck.ElfInfo] = {}
+    errors: dict[Path, str] = {}
+    for path in paths:
+        try:
+            infos[path] = elfcheck.read_elf(path)
+        except (OSError, ValueError) as exc:
+            errors[path] = str(exc)
+    return infos, errors
+
+
+def _short(path: Path, installed: _Installed) -> str:
+    try:
+        return path.relative_to(installed.location).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _libs_row(
+    pkg: str,
+    installed: _Installed,
+    results: Mapping[tuple[str, str], _ItemResult],
+    elves: Mapping[Path, elfcheck.ElfInfo],
+    elf_errors: Mapping[Path, str],
+) -> Row:
+    if not installed.shared_objects:
+        return Row(
+            package=pkg,
+            check="libs",
+            status="SKIP",
+            detail="no shared objects in the wheel",
+        )
+    problems = [f"{_short(p, installed)}: {e}" for p, e in elf_errors.items()]
+    for path in installed.shared_objects:
+        result = results[("dlopen", str(path))]
+        if result.ok or elfcheck.undefined_symbol(result.error):
+            continue
+        name = _short(path, installed)
+        missing = elfcheck.missing_library(result.error)
+        if missing is None:
+            problems.append(f"{name}: {result.error}")
+            continue
+        elf = elves.get(path)
+        search = ""
+        if elf is not None:
+            paths = elf.runpath or elf.rpath
+            search = (
+                f" (searched {'RUNPATH' if elf.runpath else 'RPATH'} {':'.join(paths)})"
+                if paths
+                else " (no RPATH/RUNPATH)"
+            )
+        problems.append(f"{name}: needs {missing}, not found{search}")
+    if problems:
+        return Row(package=pkg, check="libs", status="FAIL", detail="\n".join(problems))
+    needed = sorted({lib for elf in elves.values() for lib in elf.needed})
+    return Row(
+        package=pkg,
+        check="libs",
+        status="PASS",
+        detail=f"{len(installed.shared_objects)} shared objects load (RTLD_NOW); NEEDED: {', '.join(needed)}",
+    )
+
+
+def _symbols_row(
+    session: _Session,
+    pkg: str,
+    installed: _Installed,
+    results: Mapping[tuple[str, str], _ItemResult],
+    elves: Mapping[Path, elfcheck.ElfInfo],
+    torch_lib: str | None,
+) -> Row:
+    if not installed.shared_objects:
+        return Row(
+            package=pkg,
+            check="symbols",
+            status="SKIP",
+            detail="no shared objects in the wheel",
+        )
+    problems = []
+    for path in installed.shared_objects:
+        result = results[("dlopen", str(path))]
+        symbol = elfcheck.undefined_symbol(result.error) if not result.ok else None
+        if symbol is not None:
+            (pretty,) = session.demangle([symbol])
+            problems.append(
+                f"{_short(path, installed)}: undefined symbol {pretty} ({symbol})"
+            )
+
+    wanted = {
+        path: elfcheck.torch_namespace(elf.undefined) for path, elf in elves.items()
+    }
+    checked = ""
+    if any(wanted.values()):
+        if torch_lib is None:
+            problems.append(
+                "the wheel uses c10/at/torch symbols but torch is not installed in the venv"
+            )
+        else:
+            torch_index = session.torch_index(Path(torch_lib))
+            own_index = elfcheck.SymbolIndex(elves.keys())
+            for path, names in wanted.items():
+                missing = [
+                    n
+                    for n in torch_index.missing(names)
+                    if own_index.provider(n) is None
+                ]
+                if missing:
+                    shown = session.demangle(missing[:3])
+                    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+                    problems.append(
+                        f"{_short(path, installed)}: {len(missing)} torch symbols not defined by "
+                        f"{torch_lib}: {'; '.join(shown)}{more}"
+                    )
+            checked = f"; {sum(map(len, wanted.values()))} c10/at/torch references resolved in {torch_lib}"
+    if problems:
+        return Row(
+            package=pkg, check="symbols", status="FAIL", detail="\n".join(problems)
+        )
+    return Row(
+        package=pkg,
+        check="symbols",
+        status="PASS",
+        detail=f"no undefined symbols at load{checked}",
+    )
+
+
+def _arch_row(
+    session: _Session,
+    manifest: Manifest,
+    spec: WheelSpec,
+    installed: _Installed,
+    elves: Mapping[Path, elfcheck.ElfInfo],
+    cuobjdump: Path | None,
+) -> Row:
+    pkg = spec.package
+    device = [path for path, elf in elves.items() if elf.has_fatbin]
+    if not device:
+        if spec.cuda:
+            return Row(
+                package=pkg,
+                check="arch",
+                status="FAIL",
+                detail="manifest says cuda: true but no shared object carries a CUDA fatbinary",
+            )
+        return Row(
+            package=pkg,
+            check="arch",
+            status="SKIP",
+            detail="no device code (cuda: false)",
+        )
+    if not manifest.archs:
+        return Row(
+            package=pkg,
+            check="arch",
+            status="FAIL",
+            detail="device code found but the manifest lists no target archs",
+        )
+    if cuobjdump is None:
+        return Row(
+            package=pkg,
+            check="arch",
+            status="FAIL",
+            detail=f"cuobjdump not found: {CUOBJDUMP_HINT}",
+        )
+    problems = []
+    seen = []
+    for path in device:
+        name = _short(path, installed)
+        listings = []
+        for flag in ("--list-elf", "--list-ptx"):
+            done = session.run(
+                [str(cuobjdump), flag, str(path)],
+                log=f"{pkg}.cuobjdump",
+                timeout=TOOL_TIMEOUT_S,
+            )
+            if done.timed_out or (
+                done.returncode != 0
+                and "does not contain device code" not in done.output
+            ):
+                problems.append(f"{name}: {done.failure(f'cuobjdump {flag}')}")
+            listings.append(done.output)
+        code = parse_cuobjdump(*listings)
+        wrong = arch_problems(code, manifest.archs)
+        if wrong:
+            problems.append(
+                f"{name}: {'; '.join(wrong)} [{describe_device_code(code)}]"
+            )
+        seen.append(f"{name}: {describe_device_code(code)}")
+    if problems:
+        return Row(package=pkg, check="arch", status="FAIL", detail="\n".join(problems))
+    return Row(
+        package=pkg,
+        check="arch",
+        status="PASS",
+        detail=f"{len(device)} objects have SASS for {', '.join(manifest.archs)}: "
+        + "; ".join(seen),
+    )
+
+
+_SMOKE_STATUSES = ("PASS", "FAIL", "SKIP")
+
+
+def parse_smoke_output(text: str) -> list[tuple[str, Status, str]]:
+    """The ``{"check", "status", "detail"}`` JSON lines of a smoke script."""
+    found: list[tuple[str, Status, str]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if (
+            not isinstance(data, dict)
+            or data.get("status") not in _SMOKE_STATUSES
+            or "check" not in data
+        ):
+            continue
+        status: Status = data["status"]
+        found.append((str(data["check"]), status, str(data.get("detail", ""))))
+    return found
+
+
+def _smoke_rows(session: _Session, spec: WheelSpec, *, timeout: float) -> Iterator[Row]:
+    assert spec.smoke is not None
+    pkg = spec.package
+    script = SMOKE_DIR / f"{spec.smoke}.py"
+    if not script.is_file():
+        yield Row(
+            package=pkg,
+            check="smoke",
+            status="FAIL",
+            detail=f"no smoke script {script}",
+        )
+        return
+    # Run a copy under another name: a script named like its package
+    # (flash_attn.py) would otherwise import itself instead of the package.
+    work = session.scratch / "smoke"
+    work.mkdir(parents=True, exist_ok=True)
+    copy = work / f"smoke_{spec.smoke}.py"
+    shutil.copyfile(script, copy)
+    done = session.run(
+        [str(session.venv_python), str(copy)],
+        log=f"{pkg}.smoke",
+        timeout=timeout,
+        cwd=work,
+    )
+    found = parse_smoke_output(done.output)
+    for check, status, detail in found:
+        yield Row(package=pkg, check=f"smoke:{check}", status=status, detail=detail)
+    if done.timed_out:
+        yield Row(
+            package=pkg,
+            check="smoke",
+            status="FAIL",
+            detail=f"timed out after {timeout:g} s; log: {done.log}",
+        )
+    elif not done.ok:
+        yield Row(
+            package=pkg,
+            check="smoke",
+            status="FAIL",
+            detail=done.failure(f"smoke script {script.name}"),
+        )
+    elif not found:
+        yield Row(
+            package=pkg,
+            check="smoke",
+            status="FAIL",
+            detail=f"{script.name} reported no checks; log: {done.log}",
+        )
