@@ -236,7 +236,7 @@ def export_tree(
             header = cat.stdout.readline().split()
             if len(header) != 3 or header[1] != b"blob":
                 raise FetchError(
-                    f"git cat-file: unexpected answer {header!r} for {item.path}"
+                    f"git cat-file: unexpected answer {header!r} for {prefix}{item.path}"
                 )
             data = cat.stdout.read(int(header[2]))
             cat.stdout.read(1)

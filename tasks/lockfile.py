@@ -447,12 +447,13 @@ def parse_lock(
         if isinstance(doc.get("patches_dir", ""), str)
         else path.parent
     )
-    packages = _parse_packages(
-        p, doc.get("packages"), sources, patches_dir if check_files else None
-    )
-    profiles = _parse_profiles(
-        p, doc.get("profiles"), packages, sources, patches_dir if check_files else None
-    )
+    # Cross-references are checked against every declared name, so one bad
+    # entry does not cascade into errors about the entries that name it.
+    declared_sources = doc.get("sources") if isinstance(doc.get("sources"), dict) else {}
+    declared_packages = doc.get("packages") if isinstance(doc.get("packages"), dict) else {}
+    files_dir = patches_dir if check_files else None
+    packages = _parse_packages(p, doc.get("packages"), declared_sources, files_dir)
+    profiles = _parse_profiles(p, doc.get("profiles"), declared_packages, declared_sources, files_dir)
     p.raise_if_any(require_pins)
     return Lock(
         unpinned=tuple(p.pins),
@@ -571,7 +572,7 @@ def _check_package_values(
     where: str,
     name: str,
     entry: Mapping[str, Any],
-    sources: Mapping[str, Source],
+    sources: Mapping[str, Any],
     patches_dir: Path | None,
 ) -> None:
     """Cross-checks of one package entry (or profile override) against the lock."""
@@ -647,7 +648,7 @@ def _package_from(name: str, entry: Mapping[str, Any]) -> Package:
 
 
 def _parse_packages(
-    p: _Problems, raw: Any, sources: Mapping[str, Source], patches_dir: Path | None
+    p: _Problems, raw: Any, sources: Mapping[str, Any], patches_dir: Path | None
 ) -> dict[str, Package]:
     out: dict[str, Package] = {}
     if not isinstance(raw, dict):
@@ -669,8 +670,8 @@ def _parse_packages(
 def _parse_profiles(
     p: _Problems,
     raw: Any,
-    packages: Mapping[str, Package],
-    sources: Mapping[str, Source],
+    packages: Mapping[str, Any],
+    sources: Mapping[str, Any],
     patches_dir: Path | None,
 ) -> dict[str, Profile]:
     out: dict[str, Profile] = {}

@@ -104,12 +104,10 @@ class FileFilter:
     exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "_inc", pathspec.PathSpec.from_lines("gitignore", self.include)
-        )
-        object.__setattr__(
-            self, "_exc", pathspec.PathSpec.from_lines("gitignore", self.exclude)
-        )
+        # GitIgnoreSpec follows git exactly: a file under an excluded directory
+        # is excluded too, and '!' re-includes.
+        object.__setattr__(self, "_inc", pathspec.GitIgnoreSpec.from_lines(self.include))
+        object.__setattr__(self, "_exc", pathspec.GitIgnoreSpec.from_lines(self.exclude))
 
     @property
     def active(self) -> bool:

@@ -1,0 +1,141 @@
+"""Lock validation: every problem at once, each naming file, entry and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.errors import LockError
+from tasks.lockfile import arch_env, expand_env, load_lock, parse_lock
+
+SHA1 = "a" * 40
+SHA256 = "b" * 64
+
+
+def good_doc() -> dict[str, Any]:
+    return {
+        "format": 1,
+        "toolchain": {"python": ">=3.11", "torch": ">=2.4", "cuda": ">=12.8", "archs": ["sm_90a"]},
+        "sources": {
+            "repo": {"kind": "git", "url": "https://example.invalid/r.git", "commit": SHA1, "tree_sha256": SHA256,
+                     "submodules": {"third_party/x": {"url": "https://example.invalid/x.git", "commit": SHA1}}},
+            "arch": {"kind": "url", "url": "https://example.invalid/a.tar", "sha256": SHA256, "tree_sha256": SHA256},
+            "sdist": {"kind": "pypi", "project": "flash-attn", "version": "2.7.4.post1",
+                      "filename": "flash_attn-2.7.4.post1.tar.gz", "sha256": SHA256, "tree_sha256": SHA256},
+        },
+        "packages": {
+            "fa3": {"source": "repo", "subdir": "hopper", "env": {"ARCHS": "{torch_arch_list}"},
+                    "build_requires": ["setuptools>=61"], "cuda": True},
+            "fa2": {"source": "sdist"},
+        },
+        "profiles": {"minimal": {"packages": {"fa3": {"env": {"FLASH_ATTENTION_DISABLE_FP8": "TRUE"}}}}},
+    }
+
+
+def parse(doc: dict[str, Any], **kw: Any) -> Any:
+    return parse_lock(doc, path=Path("sources.lock"), check_files=False, **kw)
+
+
+def test_good_lock_parses_into_frozen_dataclasses() -> None:
+    lock = parse(good_doc())
+    assert lock.sources["repo"].submodules[0].path == "third_party/x"
+    assert lock.packages["fa3"].subdir == "hopper"
+    with pytest.raises(AttributeError):
+        lock.packages["fa3"].subdir = "x"  # type: ignore[misc]
+
+
+def test_every_problem_is_reported_at_once_with_suggestions() -> None:
+    doc = good_doc()
+    doc["sources"]["repo"]["comit"] = SHA1
+    doc["sources"]["arch"]["sha256"] = "XYZ"
+    doc["packages"]["fa3"]["patchs"] = []
+    del doc["packages"]["fa2"]["source"]
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    msg = str(err.value)
+    assert "4 problems" in msg
+    assert "[sources.repo] unknown key 'comit' (perhaps you meant 'commit'?)" in msg
+    assert "[sources.arch] sha256 must be a 64-character lowercase hex sha256, got 'XYZ'" in msg
+    assert "[packages.fa3] unknown key 'patchs' (perhaps you meant 'patches'?)" in msg
+    assert "[packages.fa2] missing required key 'source'" in msg
+    assert all(line.strip().startswith("- sources.lock: [") for line in msg.splitlines()[1:])
+
+
+def test_short_commit_and_bad_arch_and_unknown_references() -> None:
+    doc = good_doc()
+    doc["sources"]["repo"]["commit"] = "3cd6870"
+    doc["toolchain"]["archs"] = ["sm90a"]
+    doc["packages"]["fa3"]["source"] = "rep"
+    doc["packages"]["fa3"]["env"] = {"X": "{torch_arch}"}
+    doc["profiles"]["minimal"]["packages"]["fa33"] = {}
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    msg = str(err.value)
+    assert "full 40-character lowercase hex commit, got '3cd6870'" in msg
+    assert "invalid architectures ['sm90a']" in msg
+    assert "source 'rep' is not defined under [sources] (perhaps you meant 'repo'?)" in msg
+    assert "unknown placeholder {torch_arch} (perhaps you meant 'torch_arch_list'?)" in msg
+    assert "[profiles.minimal.packages.fa33] overrides unknown package 'fa33' (perhaps you meant 'fa3'?)" in msg
+
+
+def test_missing_pins_are_errors_except_while_locking() -> None:
+    doc = good_doc()
+    del doc["sources"]["repo"]["commit"]
+    doc["sources"]["repo"]["ref"] = "v1"
+    del doc["sources"]["arch"]["tree_sha256"]
+    with pytest.raises(LockError, match="run `doit lock` to resolve ref 'v1'"):
+        parse(doc)
+    lock = parse(doc, require_pins=False)
+    assert len(lock.unpinned) == 2
+
+
+def test_profile_overrides_merge_env_and_unknown_profile_is_an_error() -> None:
+    lock = parse(good_doc())
+    base = {p.name: p for p in lock.resolve("default")}
+    minimal = {p.name: p for p in lock.resolve("minimal")}
+    assert dict(base["fa3"].env) == {"ARCHS": "{torch_arch_list}"}
+    assert dict(minimal["fa3"].env) == {"ARCHS": "{torch_arch_list}", "FLASH_ATTENTION_DISABLE_FP8": "TRUE"}
+    with pytest.raises(LockError, match="unknown profile 'minimla' \\(perhaps you meant 'minimal'\\?\\)"):
+        lock.resolve("minimla")
+
+
+def test_profile_can_disable_a_package() -> None:
+    doc = good_doc()
+    doc["profiles"]["minimal"]["packages"]["fa2"] = {"enabled": False}
+    assert [p.name for p in parse(doc).resolve("minimal")] == ["fa3"]
+
+
+def test_missing_patch_file_is_reported(tmp_path: Path) -> None:
+    doc = good_doc()
+    doc["packages"]["fa3"]["patches"] = ["0001-fix.patch"]
+    with pytest.raises(LockError, match="patch '0001-fix.patch' not found"):
+        parse_lock(doc, path=tmp_path / "sources.lock")
+    (tmp_path / "patches" / "fa3").mkdir(parents=True)
+    (tmp_path / "patches" / "fa3" / "0001-fix.patch").write_text("")
+    assert parse_lock(doc, path=tmp_path / "sources.lock").packages["fa3"].patches == ("0001-fix.patch",)
+
+
+def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.lock"
+    bad.write_text("format = = 1\n")
+    with pytest.raises(LockError, match="not valid TOML"):
+        load_lock(bad)
+    with pytest.raises(LockError, match="lock file not found"):
+        load_lock(tmp_path / "nope.lock")
+
+
+def test_arch_spellings() -> None:
+    env = arch_env(("sm_80", "sm_90a"))
+    assert env["torch_arch_list"] == "8.0;9.0a"
+    assert env["cmake_archs"] == "80;90a"
+    assert env["cuda_gencode"] == "-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a"
+    assert expand_env({"A": "x{cmake_archs}y"}, env) == {"A": "x80;90ay"}
+
+
+def test_top_level_lock_validates() -> None:
+    root = Path(__file__).resolve().parents[2]
+    lock = load_lock(root / "sources.lock")
+    assert {"transformer_engine", "flash_attn_3", "flash_attn", "apex", "grouped_gemm"} <= set(lock.packages)
+    assert lock.toolchain.archs == ("sm_90a",)
