@@ -21,13 +21,8 @@ def _extract_zip(archive: Path, dest: Path) -> None:
     with zipfile.ZipFile(archive) as zf:
         for info in zf.infolist():
             target = (dest / info.filename).resolve()
-            if (
-                not str(target).startswith(str(dest.resolve()) + os.sep)
-                and target != dest.resolve()
-            ):
-                raise FetchError(
-                    f"{archive}: member {info.filename!r} would be written outside the tree"
-                )
+            if not str(target).startswith(str(dest.resolve()) + os.sep) and target != dest.resolve():
+                raise FetchError(f"{archive}: member {info.filename!r} would be written outside the tree")
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -57,19 +52,11 @@ def unpack(archive: Path, dest: Path, strip: int | None = None) -> Path:
     levels = strip
     if levels is None:
         children = list(root.iterdir())
-        levels = (
-            1
-            if len(children) == 1
-            and children[0].is_dir()
-            and not children[0].is_symlink()
-            else 0
-        )
+        levels = 1 if len(children) == 1 and children[0].is_dir() and not children[0].is_symlink() else 0
     for _ in range(levels):
         children = list(root.iterdir())
         if len(children) != 1 or not children[0].is_dir():
-            raise FetchError(
-                f"{archive}: strip={strip} but the archive has no single top-level directory"
-            )
+            raise FetchError(f"{archive}: strip={strip} but the archive has no single top-level directory")
         root = children[0]
     return root
 
@@ -90,9 +77,7 @@ def pack_tree(root: Path, out: Path) -> None:
     with tarfile.open(out, "w:gz", format=tarfile.PAX_FORMAT) as tf:
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()
-            for name in sorted(
-                filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]
-            ):
+            for name in sorted(filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]):
                 full = Path(dirpath) / name
                 tf.add(
                     full,

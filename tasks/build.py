@@ -80,16 +80,12 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
     trees = source_trees(ctx, pkg)
     log = ctx.settings.logs / f"build-{pkg.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(
-        f"# build of {pkg.name}, action key {key}\n# key document: {json.dumps(doc, sort_keys=True)}\n"
-    )
+    log.write_text(f"# build of {pkg.name}, action key {key}\n# key document: {json.dumps(doc, sort_keys=True)}\n")
     jobs = ctx.jobs_for(pkg)
     stage_dir = (ctx.settings.builddir / "stage" / f"{pkg.name}-{key[:12]}").absolute()
     print(f"build {pkg.name} (key {key[:12]}, {jobs} jobs), log: {log}", flush=True)
     started = time.monotonic()
-    build_dir = stage_package(
-        pkg, trees=trees, patches=ctx.patches(pkg), dest=stage_dir, log=log
-    )
+    build_dir = stage_package(pkg, trees=trees, patches=ctx.patches(pkg), dest=stage_dir, log=log)
     try:
         with ctx.cache.staging(f"out-{pkg.name}") as out:
             raw = out / "raw"
@@ -109,7 +105,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 *pkg.pip_args,
                 str(build_dir),
             ]
-            proc.run(
+            usage = proc.run(
                 cmd,
                 env=build_env(ctx, pkg, jobs),
                 cwd=build_dir,
@@ -119,9 +115,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
             )
             wheels = sorted(raw.glob("*.whl"))
             if len(wheels) != 1:
-                raise BuildError(
-                    f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}"
-                )
+                raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
             norm = out / wheels[0].name
             normalize_wheel(wheels[0], norm, epoch=DEFAULT_EPOCH)
             seconds = round(time.monotonic() - started, 3)
@@ -132,11 +126,17 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                     "package": pkg.name,
                     "key_document": doc,
                     "build_seconds": seconds,
+                    "cpu_seconds": round(usage.cpu_seconds, 1),
+                    "max_rss_mb": round(usage.max_rss_mb),
                     "jobs": jobs,
                 },
             )
     finally:
         if os.environ.get("REPRO_KEEP_STAGE", "") in ("", "0"):
             rmtree(stage_dir)
-    print(f"built {pkg.name} in {seconds:.1f}s: {entry.path.name}", flush=True)
+    print(
+        f"built {pkg.name} in {seconds:.1f}s (CPU {usage.cpu_seconds:.0f}s, largest process "
+        f"{usage.max_rss_mb:.0f} MB): {entry.path.name}",
+        flush=True,
+    )
     return entry

@@ -147,15 +147,11 @@ class Cache:
             digest = file_sha256(path)
         except FileNotFoundError:
             if d.exists():
-                warn(
-                    f"incomplete wheel cache entry {d} discarded; the package will be rebuilt"
-                )
+                warn(f"incomplete wheel cache entry {d} discarded; the package will be rebuilt")
                 rmtree(d)
             return None
         except (ValueError, KeyError, TypeError) as exc:
-            warn(
-                f"unreadable wheel cache entry {d} ({exc}) discarded; the package will be rebuilt"
-            )
+            warn(f"unreadable wheel cache entry {d} ({exc}) discarded; the package will be rebuilt")
             rmtree(d)
             return None
         if digest != meta["sha256"]:
@@ -165,9 +161,7 @@ class Cache:
             )
             rmtree(d)
             return None
-        return WheelEntry(
-            key=key, path=path, sha256=digest, size=path.stat().st_size, meta=meta
-        )
+        return WheelEntry(key=key, path=path, sha256=digest, size=path.stat().st_size, meta=meta)
 
     def put_wheel(self, key: str, wheel: Path, meta: dict[str, Any]) -> WheelEntry:
         """Store ``wheel`` under ``key`` atomically and return the entry."""
@@ -185,9 +179,7 @@ class Cache:
                 size=dest.stat().st_size,
                 key=key,
             )
-            (entry_dir / "entry.json").write_text(
-                json.dumps(full, indent=2, sort_keys=True) + "\n"
-            )
+            (entry_dir / "entry.json").write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
             final = self.wheel_dir(key)
             if final.exists():
                 rmtree(final)

@@ -58,16 +58,12 @@ class Context:
         """The action key of ``pkg`` and the document it hashes."""
         if pkg.name not in self._keys:
             info = self.toolchain
-            requires = toolchain.check_build_requires(
-                pkg.build_requires, info, package=pkg.name
-            )
+            requires = toolchain.check_build_requires(pkg.build_requires, info, package=pkg.name)
             doc = key_document(
                 pkg,
                 sources=self.lock.sources,
                 patches=[(name, file_sha256(path)) for name, path in self.patches(pkg)],
-                toolchain=toolchain.fingerprint(
-                    info, extras=pkg.toolchain_extras, cuda=pkg.cuda
-                ),
+                toolchain=toolchain.fingerprint(info, extras=pkg.toolchain_extras, cuda=pkg.cuda),
                 archs=self.lock.toolchain.archs,
                 build_requires=requires,
             )

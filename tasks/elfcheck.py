@@ -79,12 +79,8 @@ def read_elf(path: Path) -> ElfInfo:
                     rpath.extend(_split_path(_tag_text(tag, "rpath")))
                 elif tag.entry.d_tag == "DT_RUNPATH":
                     runpath.extend(_split_path(_tag_text(tag, "runpath")))
-        undefined = sorted(
-            {s.name for s in _dynamic_symbols(elf) if _is_strong_undefined(s)}
-        )
-        has_fatbin = any(
-            elf.get_section_by_name(name) is not None for name in FATBIN_SECTIONS
-        )
+        undefined = sorted({s.name for s in _dynamic_symbols(elf) if _is_strong_undefined(s)})
+        has_fatbin = any(elf.get_section_by_name(name) is not None for name in FATBIN_SECTIONS)
     if not has_fatbin:
         has_fatbin = contains_fatbin_header(path)
     return ElfInfo(
@@ -213,19 +209,11 @@ def _hash_table(elf: ELFFile) -> GNUHashSection | ELFHashSection | None:
 
 
 def _is_strong_undefined(symbol: Symbol) -> bool:
-    return (
-        bool(symbol.name)
-        and symbol["st_shndx"] == "SHN_UNDEF"
-        and symbol["st_info"]["bind"] == "STB_GLOBAL"
-    )
+    return bool(symbol.name) and symbol["st_shndx"] == "SHN_UNDEF" and symbol["st_info"]["bind"] == "STB_GLOBAL"
 
 
 def _is_defined(symbol: Symbol) -> bool:
-    return (
-        bool(symbol.name)
-        and symbol["st_shndx"] != "SHN_UNDEF"
-        and symbol["st_info"]["bind"] in _DEFINED_BINDINGS
-    )
+    return bool(symbol.name) and symbol["st_shndx"] != "SHN_UNDEF" and symbol["st_info"]["bind"] in _DEFINED_BINDINGS
 
 
 def _tag_text(tag: object, name: str) -> str:

@@ -63,9 +63,7 @@ def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
     """Make ``commit`` of ``url`` present in the bare repository ``repo``."""
     if not repo.exists():
         repo.parent.mkdir(parents=True, exist_ok=True)
-        proc.check_output(
-            ["git", "init", "--bare", "-q", str(repo)], env=git_env(), error=FetchError
-        )
+        proc.check_output(["git", "init", "--bare", "-q", str(repo)], env=git_env(), error=FetchError)
     if _has_commit(repo, commit):
         return
     env = git_env()
@@ -106,9 +104,7 @@ def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
             what=f"git fetch {url}",
         )
     if not _has_commit(repo, commit):
-        raise FetchError(
-            f"{url}: commit {commit} not found on the server (is the pin right? was history rewritten?)"
-        )
+        raise FetchError(f"{url}: commit {commit} not found on the server (is the pin right? was history rewritten?)")
 
 
 def resolve_ref(url: str, ref: str) -> str:
@@ -132,9 +128,7 @@ def resolve_ref(url: str, ref: str) -> str:
 
 
 def list_tree(repo: Path, commit: str) -> list[TreeItem]:
-    out = _git(
-        repo, "ls-tree", "-r", "-z", "--full-tree", commit, what=f"git ls-tree {commit}"
-    )
+    out = _git(repo, "ls-tree", "-r", "-z", "--full-tree", commit, what=f"git ls-tree {commit}")
     items = []
     for rec in out.split(b"\0"):
         if not rec:
@@ -180,11 +174,7 @@ def submodule_urls(repo: Path, commit: str, super_url: str) -> dict[str, str]:
         url = urls.get(name, "")
         if url.startswith(("./", "../")):
             base = super_url if super_url.endswith("/") else super_url + "/"
-            url = (
-                urljoin(base, url)
-                if "://" in base
-                else os.path.normpath(os.path.join(base, url))
-            )
+            url = urljoin(base, url) if "://" in base else os.path.normpath(os.path.join(base, url))
         result[path] = url
     return result
 
@@ -235,9 +225,7 @@ def export_tree(
             cat.stdin.flush()
             header = cat.stdout.readline().split()
             if len(header) != 3 or header[1] != b"blob":
-                raise FetchError(
-                    f"git cat-file: unexpected answer {header!r} for {prefix}{item.path}"
-                )
+                raise FetchError(f"git cat-file: unexpected answer {header!r} for {prefix}{item.path}")
             data = cat.stdout.read(int(header[2]))
             cat.stdout.read(1)
             target = dest / f"{prefix}{item.path}"

@@ -164,8 +164,13 @@ def _do_stage(name: str) -> None:
     ctx = context()
     pkg = ctx.package(name)
     dest = (ctx.settings.builddir / "stage" / pkg.name).absolute()
-    stage_package(pkg, trees=source_trees(ctx, pkg), patches=ctx.patches(pkg), dest=dest,
-                  log=ctx.settings.logs / f"stage-{name}.log")
+    stage_package(
+        pkg,
+        trees=source_trees(ctx, pkg),
+        patches=ctx.patches(pkg),
+        dest=dest,
+        log=ctx.settings.logs / f"stage-{name}.log",
+    )
     print(f"staged {name} at {dest}", flush=True)
 
 

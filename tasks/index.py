@@ -77,10 +77,7 @@ def requirements(records: Sequence[WheelRecord]) -> str:
 
 
 def _page(title: str, links: Sequence[tuple[str, str]]) -> str:
-    body = "\n".join(
-        f'    <a href="{html.escape(href)}">{html.escape(text)}</a><br/>'
-        for href, text in links
-    )
+    body = "\n".join(f'    <a href="{html.escape(href)}">{html.escape(text)}</a><br/>' for href, text in links)
     return (
         '<!DOCTYPE html>\n<html>\n  <head>\n    <meta name="pypi:repository-version" content="1.0">\n'
         f"    <title>{html.escape(title)}</title>\n  </head>\n  <body>\n{body}\n  </body>\n</html>\n"
@@ -99,9 +96,6 @@ def simple_index(records: Sequence[WheelRecord]) -> dict[str, str]:
         "index.html": _page("Simple index", [(f"{p}/", p) for p in sorted(projects)]),
     }
     for project, recs in sorted(projects.items()):
-        links = [
-            (f"../../{r.filename}#sha256={r.sha256}", r.filename)
-            for r in sorted(recs, key=lambda r: r.filename)
-        ]
+        links = [(f"../../{r.filename}#sha256={r.sha256}", r.filename) for r in sorted(recs, key=lambda r: r.filename)]
         files[f"{project}/index.html"] = _page(f"Links for {project}", links)
     return files

@@ -17,9 +17,7 @@ RECIPE_FORMAT = 1
 
 
 def canonical_json(doc: Any) -> bytes:
-    return json.dumps(
-        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    ).encode()
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def key_document(

@@ -12,11 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import tomlkit
-from packaging.utils import (
-    InvalidSdistFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-)
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from tasks import gitsrc, pypi
@@ -37,9 +33,7 @@ def _complete(src: Source) -> bool:
     return bool(src.sha256)
 
 
-def _lock_git(
-    src: Source, entry: Any, cache: Cache, log: Path, refresh: bool
-) -> Source:
+def _lock_git(src: Source, entry: Any, cache: Cache, log: Path, refresh: bool) -> Source:
     commit = src.commit
     if src.ref and (refresh or not commit):
         commit = gitsrc.resolve_ref(src.url, src.ref)
@@ -54,18 +48,14 @@ def _lock_git(
     if listed:
         for path, sub in listed.items():
             if path not in links:
-                raise LockError(
-                    f"source {src.name}: submodule {path!r} is not a gitlink at {commit}"
-                )
+                raise LockError(f"source {src.name}: submodule {path!r} is not a gitlink at {commit}")
             subs.append(replace(sub, commit=links[path]))
     else:
         # Every submodule whose files the filter can keep (a probe path stands for its files).
         for path, sha in sorted(links.items()):
             if keep.keeps(f"{path}/x") or keep.keeps(f"{path}/include/x.h"):
                 if not urls.get(path):
-                    raise LockError(
-                        f"source {src.name}: submodule {path!r} has no URL in .gitmodules"
-                    )
+                    raise LockError(f"source {src.name}: submodule {path!r} has no URL in .gitmodules")
                 subs.append(Submodule(path=path, url=urls[path], commit=sha))
     entry["commit"] = commit
     if subs:
@@ -78,25 +68,28 @@ def _lock_git(
     return replace(src, commit=commit, submodules=tuple(subs))
 
 
+SDIST_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
+
+
 def _is_sdist_of(filename: str, project: str, version: str) -> bool:
-    try:
-        name, ver = parse_sdist_filename(filename)
-    except (InvalidSdistFilename, InvalidVersion):
+    """Whether ``filename`` is a source archive of ``project`` ``version`` (any archive suffix)."""
+    suffix = next((s for s in SDIST_SUFFIXES if filename.endswith(s)), None)
+    if suffix is None:
         return False
-    return name == canonicalize_name(project) and ver == Version(version)
+    name, _, ver = filename[: -len(suffix)].rpartition("-")
+    try:
+        return canonicalize_name(name) == canonicalize_name(project) and Version(ver) == Version(version)
+    except InvalidVersion:
+        return False
 
 
 def _lock_archive(src: Source, entry: Any) -> Source:
     if src.kind == "pypi" and not src.filename:
         candidates = [
-            link
-            for link in pypi.list_files(src.project)
-            if _is_sdist_of(link.filename, src.project, src.version)
+            link for link in pypi.list_files(src.project) if _is_sdist_of(link.filename, src.project, src.version)
         ]
         if not candidates:
-            raise LockError(
-                f"source {src.name}: no sdist of {src.project} {src.version} in the package index"
-            )
+            raise LockError(f"source {src.name}: no sdist of {src.project} {src.version} in the package index")
         entry["filename"] = candidates[0].filename
         return replace(src, filename=candidates[0].filename, sha256="")
     return src
@@ -114,9 +107,7 @@ def lock_sources(
     lock = load_lock(lock_path, require_pins=False)
     unknown = [u for u in update if u != "all" and u not in lock.sources]
     if unknown:
-        raise LockError(
-            f"update= names unknown source(s) {', '.join(unknown)}; sources: {', '.join(lock.sources)}"
-        )
+        raise LockError(f"update= names unknown source(s) {', '.join(unknown)}; sources: {', '.join(lock.sources)}")
     doc = tomlkit.parse(lock_path.read_text())
     report = []
     for name, src in lock.sources.items():
@@ -134,9 +125,7 @@ def lock_sources(
                 src = replace(src, sha256="")
         with cache.staging(f"lock-{name}") as work:
             pinned = replace(src, tree_sha256="")
-            root, meta = materialize(
-                pinned, work, cache=cache, mirror=None if refresh else mirror, log=log
-            )
+            root, meta = materialize(pinned, work, cache=cache, mirror=None if refresh else mirror, log=log)
             tree = tree_sha256(root)
         if src.kind != "git":
             entry["sha256"] = meta["archive_sha256"]

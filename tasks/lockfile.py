@@ -220,11 +220,7 @@ def _is_bool(v: Any) -> str | None:
 
 
 def _is_int(v: Any) -> str | None:
-    return (
-        None
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 0
-        else "must be a non-negative integer"
-    )
+    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else "must be a non-negative integer"
 
 
 def _is_number(v: Any) -> str | None:
@@ -272,11 +268,7 @@ def _is_archs(v: Any) -> str | None:
     if not isinstance(v, list) or not v:
         return "must be a non-empty list such as ['sm_90a']"
     bad = [a for a in v if not isinstance(a, str) or not ARCH_RE.match(a)]
-    return (
-        f"has invalid architectures {bad} (write e.g. 'sm_90a' or 'sm_80')"
-        if bad
-        else None
-    )
+    return f"has invalid architectures {bad} (write e.g. 'sm_90a' or 'sm_80')" if bad else None
 
 
 TOP_FIELDS = {
@@ -309,8 +301,7 @@ SOURCE_FIELDS = {
         "commit": _Field(_is_sha1),
         "submodules": _Field(_is_table),
     },
-    "url": SOURCE_COMMON
-    | {"url": _Field(_is_str, required=True), "sha256": _Field(_is_sha256)},
+    "url": SOURCE_COMMON | {"url": _Field(_is_str, required=True), "sha256": _Field(_is_sha256)},
     "pypi": SOURCE_COMMON
     | {
         "project": _Field(_is_str, required=True),
@@ -359,13 +350,9 @@ class _Problems:
         self.pins.append(f"{self.path}: [{where}] {message}")
 
     def add(self, where: str, message: str) -> None:
-        self.items.append(
-            f"{self.path}: [{where}] {message}" if where else f"{self.path}: {message}"
-        )
+        self.items.append(f"{self.path}: [{where}] {message}" if where else f"{self.path}: {message}")
 
-    def check_table(
-        self, where: str, table: Mapping[str, Any], schema: Mapping[str, _Field]
-    ) -> bool:
+    def check_table(self, where: str, table: Mapping[str, Any], schema: Mapping[str, _Field]) -> bool:
         ok = True
         for key, value in table.items():
             if key not in schema:
@@ -405,9 +392,7 @@ def load_lock(path: Path, *, require_pins: bool = True) -> Lock:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise LockError(
-            f"{path}: lock file not found (set lock=PATH or REPRO_LOCK)"
-        ) from None
+        raise LockError(f"{path}: lock file not found (set lock=PATH or REPRO_LOCK)") from None
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -443,14 +428,13 @@ def parse_lock(
     toolchain = _parse_toolchain(p, doc.get("toolchain"))
     sources = _parse_sources(p, doc.get("sources"))
     patches_dir = (
-        path.parent / doc.get("patches_dir", "patches")
-        if isinstance(doc.get("patches_dir", ""), str)
-        else path.parent
+        path.parent / doc.get("patches_dir", "patches") if isinstance(doc.get("patches_dir", ""), str) else path.parent
     )
     # Cross-references are checked against every declared name, so one bad
     # entry does not cascade into errors about the entries that name it.
-    declared_sources = doc.get("sources") if isinstance(doc.get("sources"), dict) else {}
-    declared_packages = doc.get("packages") if isinstance(doc.get("packages"), dict) else {}
+    raw_sources, raw_packages = doc.get("sources"), doc.get("packages")
+    declared_sources: Mapping[str, Any] = raw_sources if isinstance(raw_sources, dict) else {}
+    declared_packages: Mapping[str, Any] = raw_packages if isinstance(raw_packages, dict) else {}
     files_dir = patches_dir if check_files else None
     packages = _parse_packages(p, doc.get("packages"), declared_sources, files_dir)
     profiles = _parse_profiles(p, doc.get("profiles"), declared_packages, declared_sources, files_dir)
@@ -468,9 +452,7 @@ def parse_lock(
 
 
 def _parse_toolchain(p: _Problems, raw: Any) -> Toolchain:
-    if not isinstance(raw, dict) or not p.check_table(
-        "toolchain", raw, TOOLCHAIN_FIELDS
-    ):
+    if not isinstance(raw, dict) or not p.check_table("toolchain", raw, TOOLCHAIN_FIELDS):
         return Toolchain()
     return Toolchain(
         python=raw.get("python", ""),
@@ -514,11 +496,7 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
                         sw,
                         "missing 'commit' (run `doit lock` to take it from the superproject)",
                     )
-                subs.append(
-                    Submodule(
-                        path=sub_path, url=sub["url"], commit=sub.get("commit", "")
-                    )
-                )
+                subs.append(Submodule(path=sub_path, url=sub["url"], commit=sub.get("commit", "")))
         if kind == "git" and "commit" not in entry:
             if "ref" in entry:
                 p.unpinned(
@@ -531,9 +509,7 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
                     "a git source needs 'commit', or a 'ref' (tag or branch) for `doit lock` to resolve",
                 )
         if kind == "url" and "sha256" not in entry:
-            p.unpinned(
-                where, "missing 'sha256' of the archive (run `doit lock` to fill it in)"
-            )
+            p.unpinned(where, "missing 'sha256' of the archive (run `doit lock` to fill it in)")
         if kind == "pypi" and not ("filename" in entry and "sha256" in entry):
             p.unpinned(
                 where,
@@ -602,9 +578,7 @@ def _check_package_values(
         try:
             Requirement(req)
         except InvalidRequirement as exc:
-            p.add(
-                where, f"build_requires entry {req!r} is not a valid requirement: {exc}"
-            )
+            p.add(where, f"build_requires entry {req!r} is not a valid requirement: {exc}")
     for extra in entry.get("toolchain_extras", ()):
         if extra not in TOOLCHAIN_EXTRAS:
             p.add(
@@ -614,9 +588,7 @@ def _check_package_values(
     if patches_dir is not None:
         for patch in entry.get("patches", ()):
             if not (patches_dir / name / patch).is_file():
-                p.add(
-                    where, f"patch {patch!r} not found at {patches_dir / name / patch}"
-                )
+                p.add(where, f"patch {patch!r} not found at {patches_dir / name / patch}")
     verify = entry.get("verify")
     if isinstance(verify, dict):
         p.check_table(f"{where}.verify", verify, VERIFY_FIELDS)
@@ -641,15 +613,11 @@ def _package_from(name: str, entry: Mapping[str, Any]) -> Package:
         cuda=bool(entry.get("cuda", False)),
         toolchain_extras=tuple(entry.get("toolchain_extras", ())),
         enabled=bool(entry.get("enabled", True)),
-        verify=Verify(
-            imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")
-        ),
+        verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
     )
 
 
-def _parse_packages(
-    p: _Problems, raw: Any, sources: Mapping[str, Any], patches_dir: Path | None
-) -> dict[str, Package]:
+def _parse_packages(p: _Problems, raw: Any, sources: Mapping[str, Any], patches_dir: Path | None) -> dict[str, Package]:
     out: dict[str, Package] = {}
     if not isinstance(raw, dict):
         return out
@@ -684,9 +652,7 @@ def _parse_profiles(
                 where,
                 "'default' is the lock without overrides; choose another profile name",
             )
-        if not isinstance(entry, dict) or not p.check_table(
-            where, entry, PROFILE_FIELDS
-        ):
+        if not isinstance(entry, dict) or not p.check_table(where, entry, PROFILE_FIELDS):
             continue
         for pkg_name, over in entry.get("packages", {}).items():
             pw = f"{where}.packages.{pkg_name}"
@@ -696,9 +662,7 @@ def _parse_profiles(
                     f"overrides unknown package {pkg_name!r}{_suggest(pkg_name, packages)}",
                 )
                 continue
-            if not isinstance(over, dict) or not p.check_table(
-                pw, over, PROFILE_PACKAGE_FIELDS
-            ):
+            if not isinstance(over, dict) or not p.check_table(pw, over, PROFILE_PACKAGE_FIELDS):
                 continue
             _check_package_values(p, pw, pkg_name, over, sources, patches_dir)
         out[name] = Profile(
@@ -721,9 +685,7 @@ def arch_env(archs: tuple[str, ...]) -> dict[str, str]:
         digits, suffix = m.group(1), m.group(2)
         torch_list.append(f"{digits[:-1]}.{digits[-1]}{suffix}")
         cmake.append(f"{digits}{suffix}")
-        gencode.append(
-            f"-gencode=arch=compute_{digits}{suffix},code=sm_{digits}{suffix}"
-        )
+        gencode.append(f"-gencode=arch=compute_{digits}{suffix},code=sm_{digits}{suffix}")
     return {
         "archs": " ".join(archs),
         "archs_semicolon": ";".join(archs),
@@ -735,7 +697,4 @@ def arch_env(archs: tuple[str, ...]) -> dict[str, str]:
 
 def expand_env(env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:
     """Fill ``{placeholder}`` fields of a package's env from ``values``."""
-    return {
-        k: PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), v)
-        for k, v in env.items()
-    }
+    return {k: PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), v) for k, v in env.items()}

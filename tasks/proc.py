@@ -14,11 +14,20 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.errors import ReproError
 
 TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Resources a finished command and its waited-for descendants used."""
+
+    cpu_seconds: float
+    max_rss_mb: float
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -58,7 +67,7 @@ def run(
     error: type[ReproError] = ReproError,
     what: str = "",
     on_line: Callable[[str], None] | None = None,
-) -> None:
+) -> Usage:
     """Run ``cmd`` to completion, its output appended to ``log``.
 
     Raises ``error`` naming ``what`` with the tail of the log when the command
@@ -90,7 +99,8 @@ def run(
                     out.write(raw)
                     out.flush()
                     on_line(raw.decode("utf-8", "replace"))
-            code = proc.wait()
+            _pid, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = code = os.waitstatus_to_exitcode(status)
         except BaseException:
             _stop_group(proc)
             with log.open("ab") as again:
@@ -100,14 +110,12 @@ def run(
         reason = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         if code == -signal.SIGKILL:
             reason += " (possibly out of memory: check `dmesg` and lower jobs=)"
-        raise error(
-            f"{label} failed ({reason}).\n--- last lines of {log} ---\n{tail(log)}\n--- full log: {log}"
-        )
+        raise error(f"{label} failed ({reason}).\n--- last lines of {log} ---\n{tail(log)}\n--- full log: {log}")
+    # ru_maxrss: the largest resident set of the process or any descendant it waited for (KiB).
+    return Usage(cpu_seconds=usage.ru_utime + usage.ru_stime, max_rss_mb=usage.ru_maxrss / 1024)
 
 
-def capture(
-    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None
-) -> str:
+def capture(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> str:
     """Run a short query command and return its stdout ('' when it cannot run or fails)."""
     try:
         res = subprocess.run(
@@ -146,12 +154,8 @@ def check_output(
             start_new_session=True,
         )
     except OSError as exc:
-        raise error(
-            f"{what or cmd[0]}: cannot start {cmd[0]!r}: {exc.strerror}"
-        ) from None
+        raise error(f"{what or cmd[0]}: cannot start {cmd[0]!r}: {exc.strerror}") from None
     if res.returncode != 0:
         msg = res.stderr.decode("utf-8", "replace").strip()
-        raise error(
-            f"{what or shlex.join(cmd)} failed (exit status {res.returncode}): {msg}"
-        )
+        raise error(f"{what or shlex.join(cmd)} failed (exit status {res.returncode}): {msg}")
     return res.stdout

@@ -52,9 +52,7 @@ def parse_simple_page(html: str, base_url: str) -> list[Link]:
         url = urljoin(base_url, href)
         path, _, fragment = url.partition("#")
         sha = fragment[len("sha256=") :] if fragment.startswith("sha256=") else ""
-        links.append(
-            Link(filename=unquote(path.rsplit("/", 1)[-1]), url=path, sha256=sha)
-        )
+        links.append(Link(filename=unquote(path.rsplit("/", 1)[-1]), url=path, sha256=sha))
     return links
 
 
@@ -77,9 +75,7 @@ def pip_indexes() -> list[str]:
                 value = value.strip().strip("'\"")
                 if key.endswith(".index-url") and not main:
                     main = value
-                elif key.endswith(".extra-index-url") and not os.environ.get(
-                    "PIP_EXTRA_INDEX_URL"
-                ):
+                elif key.endswith(".extra-index-url") and not os.environ.get("PIP_EXTRA_INDEX_URL"):
                     extra.extend(value.split())
         except (OSError, subprocess.TimeoutExpired):
             pass
@@ -118,9 +114,7 @@ def find_file(project: str, filename: str, indexes: list[str] | None = None) -> 
         for link in parse_simple_page(body.decode("utf-8", "replace"), page):
             if link.filename == filename:
                 return link
-    raise FetchError(
-        f"{filename} of project {project} not found in the package index(es): {', '.join(tried)}"
-    )
+    raise FetchError(f"{filename} of project {project} not found in the package index(es): {', '.join(tried)}")
 
 
 def list_files(project: str, indexes: list[str] | None = None) -> list[Link]:
@@ -155,9 +149,3 @@ def download(url: str, dest: Path) -> None:
                     out.write(chunk)
     except OSError as exc:  # requests.RequestException is an OSError
         raise FetchError(f"download of {url} failed: {exc}") from None
-
-
-def metadata_json(link: Link) -> str:
-    return json.dumps(
-        {"filename": link.filename, "url": link.url, "sha256": link.sha256}
-    )

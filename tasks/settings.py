@@ -71,16 +71,12 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         doit_vars = _doit_vars()
     unknown = sorted(set(doit_vars) - set(VARIABLES))
     if unknown:
-        raise ReproError(
-            f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(VARIABLES)}"
-        )
+        raise ReproError(f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(VARIABLES)}")
     jobs_raw = _get("jobs", doit_vars)
     jobs: int | None = None
     if jobs_raw:
         if not jobs_raw.isdigit() or int(jobs_raw) < 1:
-            raise ReproError(
-                f"jobs={jobs_raw!r}: give a positive whole number of compiler jobs"
-            )
+            raise ReproError(f"jobs={jobs_raw!r}: give a positive whole number of compiler jobs")
         jobs = int(jobs_raw)
     gpu = _get("gpu", doit_vars)
     if gpu not in ("auto", "off"):

@@ -127,16 +127,12 @@ def ensure_source(src: Source, *, cache: Cache, mirror: Path | None, log: Path) 
             if (work / "archive").is_file():
                 os.rename(work / "archive", entry / "archive")
             meta["tree_sha256"] = actual
-            (entry / "meta.json").write_text(
-                json.dumps(meta, indent=2, sort_keys=True) + "\n"
-            )
+            (entry / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             cache.publish_dir(entry, cache.source_dir(src.tree_sha256))
     return cache.source_tree(src.tree_sha256)
 
 
-def export_mirror(
-    sources: list[Source], *, cache: Cache, mirror: Path
-) -> Iterator[str]:
+def export_mirror(sources: list[Source], *, cache: Cache, mirror: Path) -> Iterator[str]:
     """Copy the cached sources into a mirror directory; yield one line per source."""
     (mirror / "trees").mkdir(parents=True, exist_ok=True)
     (mirror / "archives").mkdir(parents=True, exist_ok=True)

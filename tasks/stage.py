@@ -92,9 +92,7 @@ def stage_package(
         for rel, src_name in pkg.overlays:
             target = dest / rel
             if target.exists() and any(target.iterdir()):
-                raise PatchError(
-                    f"package {pkg.name}: overlay {rel!r} would overwrite files of {pkg.source}"
-                )
+                raise PatchError(f"package {pkg.name}: overlay {rel!r} would overwrite files of {pkg.source}")
             if target.exists():
                 target.rmdir()
             shutil.copytree(trees[src_name], target, symlinks=True)
@@ -112,7 +110,5 @@ def stage_package(
     build_dir = dest / pkg.subdir if pkg.subdir else dest
     if not build_dir.is_dir():
         rmtree(dest)
-        raise PatchError(
-            f"package {pkg.name}: subdir {pkg.subdir!r} does not exist in source {pkg.source}"
-        )
+        raise PatchError(f"package {pkg.name}: subdir {pkg.subdir!r} does not exist in source {pkg.source}")
     return build_dir

@@ -52,7 +52,8 @@ out = {"python": sys.version.split()[0], "implementation": sys.implementation.ca
 if importlib.util.find_spec("torch") is not None:
     import torch
     out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
-                    "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI), "git": getattr(torch.version, "git_version", "")}
+                    "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+                    "git": getattr(torch.version, "git_version", "")}
 dists = {}
 for d in md.distributions():
     name = d.metadata["Name"]
@@ -61,7 +62,7 @@ for d in md.distributions():
 out["dists"] = dists
 try:
     import nvidia.cudnn, os
-    out["cudnn_pip"] = os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0]
+    out["cudnn_pip"] = list(nvidia.cudnn.__path__)[0]  # a namespace package: no __file__
 except Exception:
     pass
 print(json.dumps(out))
@@ -115,9 +116,7 @@ def _which(tool: str, env: Mapping[str, str]) -> str | None:
 
 def _first_line(cmd: list[str], pattern: str = "") -> str:
     try:
-        res = subprocess.run(
-            cmd, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False
-        )
+        res = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     text = (res.stdout or res.stderr).decode("utf-8", "replace")
@@ -132,10 +131,7 @@ def _cudnn_version(paths: Iterable[str]) -> tuple[str, str]:
         header = Path(base) / "include" / "cudnn_version.h"
         if header.is_file():
             text = header.read_text(errors="replace")
-            nums = [
-                re.search(rf"#define CUDNN_{k}\s+(\d+)", text)
-                for k in ("MAJOR", "MINOR", "PATCHLEVEL")
-            ]
+            nums = [re.search(rf"#define CUDNN_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCHLEVEL")]
             if all(nums):
                 return ".".join(m.group(1) for m in nums if m), base
     return "", ""
@@ -152,9 +148,7 @@ def probe(env: Mapping[str, str]) -> dict[str, Any]:
         check=False,
     )
     if res.returncode != 0:
-        raise ToolchainError(
-            f"cannot probe the build interpreter {sys.executable}: {res.stderr.decode()[-2000:]}"
-        )
+        raise ToolchainError(f"cannot probe the build interpreter {sys.executable}: {res.stderr.decode()[-2000:]}")
     info: dict[str, Any] = json.loads(res.stdout)
     dists = info.pop("dists")
     nvcc = _which("nvcc", env)
@@ -198,9 +192,7 @@ def nvcc_release(info: Mapping[str, Any]) -> str:
     return m.group(1) if m else ""
 
 
-def fingerprint(
-    info: Mapping[str, Any], *, extras: Iterable[str] = (), cuda: bool = False
-) -> dict[str, Any]:
+def fingerprint(info: Mapping[str, Any], *, extras: Iterable[str] = (), cuda: bool = False) -> dict[str, Any]:
     """The part of the toolchain that enters a package's action key."""
     py = info["python"]
     fp: dict[str, Any] = {
@@ -239,23 +231,15 @@ def check_expectations(tc: Toolchain, info: Mapping[str, Any], *, lock: Path) ->
         problems.append(f"python {py['python']} does not satisfy {tc.python!r}")
     torch = py.get("torch")
     if tc.torch and not torch:
-        problems.append(
-            f"torch is not importable by {sys.executable} (the lock expects {tc.torch!r})"
-        )
+        problems.append(f"torch is not importable by {sys.executable} (the lock expects {tc.torch!r})")
     elif torch and not _matches(tc.torch, torch["version"].split("+")[0]):
         problems.append(f"torch {torch['version']} does not satisfy {tc.torch!r}")
-    if tc.torch_cuda and not (
-        torch and torch.get("cuda") and _matches(tc.torch_cuda, torch["cuda"])
-    ):
-        problems.append(
-            f"torch's CUDA {torch.get('cuda') if torch else None} does not satisfy {tc.torch_cuda!r}"
-        )
+    if tc.torch_cuda and not (torch and torch.get("cuda") and _matches(tc.torch_cuda, torch["cuda"])):
+        problems.append(f"torch's CUDA {torch.get('cuda') if torch else None} does not satisfy {tc.torch_cuda!r}")
     if tc.cuda:
         release = nvcc_release(info)
         if not release:
-            problems.append(
-                f"nvcc not found (the lock expects CUDA {tc.cuda!r}); put it on PATH or set CUDA_HOME"
-            )
+            problems.append(f"nvcc not found (the lock expects CUDA {tc.cuda!r}); put it on PATH or set CUDA_HOME")
         elif not _matches(tc.cuda, release):
             problems.append(f"nvcc {release} does not satisfy {tc.cuda!r}")
     if problems:
@@ -266,9 +250,7 @@ def check_expectations(tc: Toolchain, info: Mapping[str, Any], *, lock: Path) ->
         )
 
 
-def check_build_requires(
-    requires: Iterable[str], info: Mapping[str, Any], *, package: str
-) -> dict[str, str]:
+def check_build_requires(requires: Iterable[str], info: Mapping[str, Any], *, package: str) -> dict[str, str]:
     """Installed versions of a package's build requirements; error listing what is missing."""
     dists: Mapping[str, str] = info["dists"]
     found, missing = {}, []

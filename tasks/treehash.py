@@ -75,17 +75,11 @@ def walk(root: Path) -> Iterator[Entry]:
             rel = full.relative_to(root).as_posix()
             st = full.lstat()
             if stat.S_ISLNK(st.st_mode):
-                yield Entry(
-                    rel, "symlink", False, bytes_sha256(os.readlink(full).encode())
-                )
+                yield Entry(rel, "symlink", False, bytes_sha256(os.readlink(full).encode()))
             elif stat.S_ISREG(st.st_mode):
-                yield Entry(
-                    rel, "file", bool(st.st_mode & stat.S_IXUSR), file_sha256(full)
-                )
+                yield Entry(rel, "file", bool(st.st_mode & stat.S_IXUSR), file_sha256(full))
             else:
-                raise ValueError(
-                    f"{full}: only regular files and symlinks can be part of a source tree"
-                )
+                raise ValueError(f"{full}: only regular files and symlinks can be part of a source tree")
 
 
 def tree_sha256(root: Path) -> str:
@@ -125,9 +119,7 @@ class FileFilter:
         for entry in list(walk(root)):
             if not self.keeps(entry.path):
                 (root / entry.path).unlink()
-        for dirpath, _dirnames, _files in sorted(
-            os.walk(root), key=lambda t: -len(t[0])
-        ):
+        for dirpath, _dirnames, _files in sorted(os.walk(root), key=lambda t: -len(t[0])):
             p = Path(dirpath)
             if p != root and not any(p.iterdir()):
                 p.rmdir()

@@ -35,7 +35,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from tasks import elfcheck, proc
 from tasks.errors import ReproError, VerifyFailed
@@ -54,8 +54,7 @@ TOOL_TIMEOUT_S = 300.0
 MAX_RUNNER_RESTARTS = 8
 DETAIL_WIDTH = 96
 CUOBJDUMP_HINT = (
-    "install it with `pip install nvidia-cuda-cuobjdump` (or put the CUDA toolkit's "
-    "bin/ on PATH, or set CUDA_HOME)"
+    "install it with `pip install nvidia-cuda-cuobjdump` (or put the CUDA toolkit's bin/ on PATH, or set CUDA_HOME)"
 )
 
 # Variables that would make the venv's interpreter see or do something else
@@ -128,20 +127,15 @@ class Report:
         """A fixed-width table, one line per row, and the summary line."""
         header = ("package", "check", "status", "detail")
         cells = [header] + [
-            (row.package, row.check, row.status, _one_line(row.detail, detail_width))
-            for row in self.rows
+            (row.package, row.check, row.status, _one_line(row.detail, detail_width)) for row in self.rows
         ]
         widths = [max(len(cell[i]) for cell in cells) for i in range(3)]
         lines = []
         for i, cell in enumerate(cells):
-            line = (
-                "  ".join(cell[j].ljust(widths[j]) for j in range(3)) + "  " + cell[3]
-            )
+            line = "  ".join(cell[j].ljust(widths[j]) for j in range(3)) + "  " + cell[3]
             lines.append(line.rstrip())
             if i == 0:
-                lines.append(
-                    "  ".join("-" * w for w in widths) + "  " + "-" * len("detail")
-                )
+                lines.append("  ".join("-" * w for w in widths) + "  " + "-" * len("detail"))
         lines.append("")
         lines.append(self.summary())
         return "\n".join(lines) + "\n"
@@ -150,11 +144,7 @@ class Report:
         return {
             "format": 1,
             "ok": self.ok,
-            "summary": {
-                "passed": self.passed,
-                "failed": self.failed,
-                "skipped": self.skipped,
-            },
+            "summary": {"passed": self.passed, "failed": self.failed, "skipped": self.skipped},
             "wheel_dir": self.wheel_dir,
             "archs": list(self.archs),
             "rows": [asdict(row) for row in self.rows],
@@ -173,9 +163,7 @@ class Report:
 
 
 def _one_line(text: str, width: int) -> str:
-    flat = " | ".join(
-        part.strip() for part in text.strip().splitlines() if part.strip()
-    )
+    flat = " | ".join(part.strip() for part in text.strip().splitlines() if part.strip())
     if len(flat) <= width:
         return flat
     return flat[: max(width - 3, 0)] + "..."
@@ -237,11 +225,7 @@ def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest
             problems.append(f"{label}: must be an object")
             continue
         label = f"wheels[{i}] ({entry.get('package') or entry.get('name') or '?'})"
-        missing = [
-            k
-            for k in ("package", "name", "version", "filename", "sha256")
-            if not entry.get(k)
-        ]
+        missing = [k for k in ("package", "name", "version", "filename", "sha256") if not entry.get(k)]
         if missing:
             problems.append(f"{label}: missing {', '.join(missing)}")
             continue
@@ -250,17 +234,11 @@ def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest
         if imports is not None:
             bad = [m for m in imports if not isinstance(m, str) or not _MODULE.match(m)]
             if bad or not isinstance(imports, list):
-                problems.append(
-                    f"{label}: verify.imports must be a list of module names, got {bad}"
-                )
+                problems.append(f"{label}: verify.imports must be a list of module names, got {bad}")
                 imports = None
         smoke = verify.get("smoke")
-        if smoke is not None and (
-            not isinstance(smoke, str) or not _MODULE.match(smoke)
-        ):
-            problems.append(
-                f"{label}: verify.smoke must be a script name, got {smoke!r}"
-            )
+        if smoke is not None and (not isinstance(smoke, str) or not _MODULE.match(smoke)):
+            problems.append(f"{label}: verify.smoke must be a script name, got {smoke!r}")
             smoke = None
         wheels.append(
             WheelSpec(
@@ -275,11 +253,7 @@ def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest
             )
         )
     if problems:
-        raise ReproError(
-            f"{where} is invalid:\n  "
-            + "\n  ".join(problems)
-            + "\nRebuild it with `doit wheels`."
-        )
+        raise ReproError(f"{where} is invalid:\n  " + "\n  ".join(problems) + "\nRebuild it with `doit wheels`.")
     return Manifest(archs=tuple(archs), wheels=tuple(wheels))
 
 
@@ -288,17 +262,11 @@ def load_manifest(wheel_dir: Path) -> Manifest:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ReproError(
-            f"{path} does not exist: build the wheelhouse first (`doit wheels`)"
-        ) from None
+        raise ReproError(f"{path} does not exist: build the wheelhouse first (`doit wheels`)") from None
     except (OSError, json.JSONDecodeError) as exc:
-        raise ReproError(
-            f"{path} cannot be read: {exc}; rebuild it with `doit wheels`"
-        ) from exc
+        raise ReproError(f"{path} cannot be read: {exc}; rebuild it with `doit wheels`") from exc
     if not isinstance(data, dict):
-        raise ReproError(
-            f"{path}: expected a JSON object; rebuild it with `doit wheels`"
-        )
+        raise ReproError(f"{path}: expected a JSON object; rebuild it with `doit wheels`")
     return parse_manifest(data, where=str(path))
 
 
@@ -314,9 +282,7 @@ def module_name(relpath: str, ext_suffixes: Sequence[str]) -> str | None:
     library, not a module); files outside importable directories give None.
     """
     parts = relpath.replace(os.sep, "/").split("/")
-    for suffix in sorted(
-        (s for s in ext_suffixes if s != ".so"), key=len, reverse=True
-    ):
+    for suffix in sorted((s for s in ext_suffixes if s != ".so"), key=len, reverse=True):
         if parts[-1].endswith(suffix):
             parts[-1] = parts[-1][: -len(suffix)]
             dotted = ".".join(parts)
@@ -418,12 +384,7 @@ class Completed:
 
 
 def run_logged(
-    argv: Sequence[str],
-    *,
-    log: Path,
-    env: Mapping[str, str],
-    cwd: Path | None = None,
-    timeout: float | None = None,
+    argv: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path | None = None, timeout: float | None = None
 ) -> Completed:
     """Run one command: stdin from /dev/null, its own process group, stdout
     and stderr merged and appended to ``log`` after the echoed command.
@@ -456,13 +417,9 @@ def run_logged(
             returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _stop_group(proc)
-            returncode = (
-                proc.returncode if proc.returncode is not None else -signal.SIGKILL
-            )
+            returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
             timed_out = True
-            fh.write(
-                f"\n# timed out after {timeout} s: process group stopped\n".encode()
-            )
+            fh.write(f"\n# timed out after {timeout} s: process group stopped\n".encode())
         except BaseException:
             _stop_group(proc)
             raise
@@ -470,13 +427,7 @@ def run_logged(
     with log.open("rb") as fh:
         fh.seek(start)
         output = fh.read().decode("utf-8", errors="replace")
-    return Completed(
-        argv=tuple(argv),
-        returncode=returncode,
-        output=output,
-        log=log,
-        timed_out=timed_out,
-    )
+    return Completed(argv=tuple(argv), returncode=returncode, output=output, log=log, timed_out=timed_out)
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -543,16 +494,11 @@ def find_cuobjdump(site_dirs: Iterable[str | Path] = ()) -> Path | None:
     if found:
         return Path(found)
     candidates = [
-        Path(os.environ[var]) / "bin" / "cuobjdump"
-        for var in ("CUDA_HOME", "CUDA_PATH")
-        if os.environ.get(var)
+        Path(os.environ[var]) / "bin" / "cuobjdump" for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)
     ]
     candidates.append(Path("/usr/local/cuda/bin/cuobjdump"))
     dirs = [Path(d) for d in site_dirs]
-    dirs += [
-        Path(p)
-        for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    ]
+    dirs += [Path(p) for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}]
     for site_dir in dirs:
         nvidia = site_dir / "nvidia"
         if nvidia.is_dir():
@@ -595,15 +541,7 @@ class _ItemResult:
 class _Session:
     """State of one verification run: paths, environment, logs, tools."""
 
-    def __init__(
-        self,
-        *,
-        wheel_dir: Path,
-        work_dir: Path,
-        python: str,
-        gpu: GpuMode,
-        log_dir: Path,
-    ) -> None:
+    def __init__(self, *, wheel_dir: Path, work_dir: Path, python: str, gpu: GpuMode, log_dir: Path) -> None:
         self.wheel_dir = wheel_dir
         self.work_dir = work_dir
         self.python = python
@@ -611,6 +549,7 @@ class _Session:
         self.log_dir = log_dir
         self.venv = work_dir / "venv"
         self.venv_python = self.venv / "bin" / "python"
+        self.pip = [str(self.venv_python), "-m", "pip"]
         self.scratch = work_dir / "scratch"
         self.env = child_env(self.venv, gpu)
         self._logs: set[Path] = set()
@@ -629,44 +568,30 @@ class _Session:
     def torch_index(self, torch_lib: Path) -> elfcheck.SymbolIndex:
         """Who defines what among torch's libraries; built once per run."""
         if torch_lib not in self._torch_indexes:
-            libs = [
-                p for p in torch_lib.glob("*.so*") if p.is_file() and elfcheck.is_elf(p)
-            ]
+            libs = [p for p in torch_lib.glob("*.so*") if p.is_file() and elfcheck.is_elf(p)]
             self._torch_indexes[torch_lib] = elfcheck.SymbolIndex(libs)
         return self._torch_indexes[torch_lib]
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        log: str,
-        timeout: float | None = None,
-        cwd: Path | None = None,
-    ) -> Completed:
-        return run_logged(
-            argv,
-            log=self.log(log),
-            env=self.env,
-            timeout=timeout,
-            cwd=cwd or self.scratch,
-        )
+    def run(self, argv: Sequence[str], *, log: str, timeout: float | None = None, cwd: Path | None = None) -> Completed:
+        return run_logged(argv, log=self.log(log), env=self.env, timeout=timeout, cwd=cwd or self.scratch)
 
-    def runner_info(
-        self, python: str | Path, dists: Sequence[str], *, log: str
-    ) -> dict[str, Any] | Completed:
+    def runner_info(self, python: str | Path, dists: Sequence[str], *, log: str) -> dict[str, Any] | Completed:
         request = self.scratch / f"{log}.request.json"
         out = self.scratch / f"{log}.json"
         atomic_write(request, json.dumps({"dists": list(dists)}))
         out.unlink(missing_ok=True)
-        done = self.run(
-            [str(python), str(RUNNER), "info", str(request), str(out)],
-            log=log,
-            timeout=TOOL_TIMEOUT_S,
-        )
+        done = self.run([str(python), str(RUNNER), "info", str(request), str(out)], log=log, timeout=TOOL_TIMEOUT_S)
         if not done.ok or not out.is_file():
             return done
         result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
         return result
+
+
+_SYSTEM_LIB = re.compile(r"^(ld-linux.*|lib(c|m|dl|rt|pthread|util|gcc_s|stdc\+\+)\.so(\.\d+)*)$")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _safe(name: str) -> str:
@@ -697,7 +622,7 @@ def verify_wheelhouse(
         wheel_dir=wheel_dir,
         work_dir=work_dir,
         python=python,
-        gpu=gpu,  # type: ignore[arg-type]  # checked against GPU_MODES above
+        gpu=cast(GpuMode, gpu),  # checked against GPU_MODES above
         log_dir=Path(log_dir).resolve() if log_dir is not None else work_dir / "logs",
     )
     rows = list(_verify(session, manifest, smoke_timeout=smoke_timeout))
@@ -710,31 +635,27 @@ def verify_wheelhouse(
 def run_verify(wheel_dir: Path, work_dir: Path, **kwargs: Any) -> Report:
     """``verify_wheelhouse``, raising :class:`VerifyFailed` if any check failed."""
     report = verify_wheelhouse(wheel_dir, work_dir, **kwargs)
+    print(report.render(), end="", flush=True)
     if not report.ok:
-        failed = "\n".join(
-            f"  {row.package} {row.check}: {_one_line(row.detail, 160)}"
-            for row in report.failures()
-        )
+        work = Path(work_dir).resolve()
+        logs = Path(kwargs.get("log_dir") or work / "logs").resolve()
+        failed = "\n".join(f"  {row.package} {row.check}: {_one_line(row.detail, 160)}" for row in report.failures())
         raise VerifyFailed(
             f"verify: {report.summary()}\n{failed}\n"
-            f"Full report: {Path(work_dir).resolve() / 'report.txt'}; logs beside it in logs/."
+            f"Full report: {work / 'report.txt'} (and report.json); logs: {logs}/. "
+            "Fix the wheel's recipe or patches, rebuild with `doit wheels`, then rerun `doit verify`."
         )
     return report
 
 
-def _verify(
-    session: _Session, manifest: Manifest, *, smoke_timeout: float
-) -> Iterator[Row]:
+def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> Iterator[Row]:
     house = "wheelhouse"
     yield _check_hashes(session.wheel_dir, manifest)
 
     base = session.runner_info(session.python, [], log="base-python")
     if isinstance(base, Completed):
         yield Row(
-            package=house,
-            check="venv",
-            status="FAIL",
-            detail=base.failure(f"{session.python} (base interpreter)"),
+            package=house, check="venv", status="FAIL", detail=base.failure(f"{session.python} (base interpreter)")
         )
         return
     venv_row = _make_venv(session, base)
@@ -746,22 +667,13 @@ def _verify(
     if install_row.status == "FAIL":
         return
 
-    info = session.runner_info(
-        session.venv_python, [w.name for w in manifest.wheels], log="venv-info"
-    )
+    info = session.runner_info(session.venv_python, [w.name for w in manifest.wheels], log="venv-info")
     if isinstance(info, Completed):
-        yield Row(
-            package=house,
-            check="inspect",
-            status="FAIL",
-            detail=info.failure("inspecting the venv"),
-        )
+        yield Row(package=house, check="inspect", status="FAIL", detail=info.failure("inspecting the venv"))
         return
     cuobjdump = find_cuobjdump([*info.get("site_dirs", []), *base.get("site_dirs", [])])
     for spec in manifest.wheels:
-        yield from _verify_wheel(
-            session, manifest, spec, info, cuobjdump, smoke_timeout=smoke_timeout
-        )
+        yield from _verify_wheel(session, manifest, spec, info, cuobjdump, smoke_timeout=smoke_timeout)
 
 
 def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
@@ -783,7 +695,7 @@ def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
         package="wheelhouse",
         check="sha256",
         status="PASS",
-        detail=f"{len(manifest.wheels)} wheels match manifest.json",
+        detail=f"{_n(len(manifest.wheels), 'wheel')} match manifest.json",
     )
 
 
@@ -792,17 +704,20 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         shutil.rmtree(session.venv)
     session.scratch.mkdir(parents=True, exist_ok=True)
     done = session.run(
-        [session.python, "-m", "venv", "--system-site-packages", str(session.venv)],
-        log="venv",
-        timeout=TOOL_TIMEOUT_S,
+        [session.python, "-m", "venv", "--system-site-packages", str(session.venv)], log="venv", timeout=TOOL_TIMEOUT_S
     )
-    if not done.ok:
-        return Row(
-            package="wheelhouse",
-            check="venv",
-            status="FAIL",
-            detail=done.failure("python -m venv"),
+    if not done.ok and "ensurepip" in done.output:
+        # A Python without ensurepip (Debian without python3-venv): make the
+        # venv without pip and drive the base interpreter's pip into it.
+        shutil.rmtree(session.venv, ignore_errors=True)
+        done = session.run(
+            [session.python, "-m", "venv", "--system-site-packages", "--without-pip", str(session.venv)],
+            log="venv",
+            timeout=TOOL_TIMEOUT_S,
         )
+        session.pip = [session.python, "-m", "pip", "--python", str(session.venv_python)]
+    if not done.ok:
+        return Row(package="wheelhouse", check="venv", status="FAIL", detail=done.failure("python -m venv"))
     note = ""
     if base.get("in_venv"):
         # --system-site-packages reaches the *base* interpreter's packages, not
@@ -810,9 +725,7 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         # after the scratch venv's own site-packages.
         pth_dirs = [d for d in base.get("site_dirs", []) if Path(d).is_dir()]
         for site_dir in _venv_site_dirs(session.venv):
-            atomic_write(
-                site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs)
-            )
+            atomic_write(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
         note = f"; base venv {base.get('prefix')} visible through a .pth file"
     return Row(
         package="wheelhouse",
@@ -837,7 +750,7 @@ def _install(session: _Session) -> Row:
         )
     done = session.run(
         [
-            str(session.venv_python), "-m", "pip", "install",
+            *session.pip, "install",
             "--no-index", "--no-deps", "--ignore-installed", "--require-hashes",
             "--find-links", str(session.wheel_dir),
             "-r", str(requirements),
@@ -846,12 +759,7 @@ def _install(session: _Session) -> Row:
         timeout=TOOL_TIMEOUT_S,
     )  # fmt: skip
     if not done.ok:
-        return Row(
-            package="wheelhouse",
-            check="install",
-            status="FAIL",
-            detail=done.failure("pip install"),
-        )
+        return Row(package="wheelhouse", check="install", status="FAIL", detail=done.failure("pip install"))
     return Row(
         package="wheelhouse",
         check="install",
@@ -874,9 +782,7 @@ class _Installed:
 def _installed(dist: Mapping[str, Any], ext_suffixes: Sequence[str]) -> _Installed:
     location = Path(dist["location"])
     files = tuple(Path(f) for f in dist["files"])
-    shared = tuple(
-        f for f in files if is_shared_object_name(f.name) and elfcheck.is_elf(f)
-    )
+    shared = tuple(f for f in files if is_shared_object_name(f.name) and elfcheck.is_elf(f))
     modules = []
     for f in shared:
         try:
@@ -907,12 +813,7 @@ def _verify_wheel(
     pkg = spec.package
     dist = info["dists"].get(spec.name, {"found": False})
     if not dist.get("found"):
-        yield Row(
-            package=pkg,
-            check="install",
-            status="FAIL",
-            detail=f"{spec.name} is not installed in {session.venv}",
-        )
+        yield Row(package=pkg, check="install", status="FAIL", detail=f"{spec.name} is not installed in {session.venv}")
         return
     venv_prefix = str(Path(info["prefix"]).resolve())
     if dist["version"] != spec.version or not dist["location"].startswith(venv_prefix):
@@ -930,30 +831,17 @@ def _verify_wheel(
 
     problems = dist.get("requirement_problems", [])
     if problems:
-        yield Row(
-            package=pkg,
-            check="deps",
-            status="FAIL",
-            detail="unmet: " + "; ".join(problems),
-        )
+        yield Row(package=pkg, check="deps", status="FAIL", detail="unmet: " + "; ".join(problems))
     else:
-        yield Row(
-            package=pkg, check="deps", status="PASS", detail="all requirements met"
-        )
+        yield Row(package=pkg, check="deps", status="PASS", detail="all requirements met")
 
-    imports = list(
-        dict.fromkeys(
-            [*(spec.imports or installed.top_level), *installed.extension_modules]
-        )
-    )
+    imports = list(dict.fromkeys([*(spec.imports or installed.top_level), *installed.extension_modules]))
     results = _run_checks(session, spec, imports, installed.shared_objects)
     yield _import_row(pkg, imports, results)
 
     elf_infos, elf_errors = _read_elves(installed.shared_objects)
     yield _libs_row(pkg, installed, results, elf_infos, elf_errors)
-    yield _symbols_row(
-        session, pkg, installed, results, elf_infos, info.get("torch_lib")
-    )
+    yield _symbols_row(session, pkg, installed, results, elf_infos, info.get("torch_lib"))
     yield _arch_row(session, manifest, spec, installed, elf_infos, cuobjdump)
     if spec.smoke:
         yield from _smoke_rows(session, spec, timeout=smoke_timeout)
@@ -969,61 +857,35 @@ def _run_checks(
     preload: list[str] = []
     log = f"{spec.package}.check"
     for attempt in range(MAX_RUNNER_RESTARTS + 1):
-        todo = [item for item in items if item not in results]
+        todo = [item for item in items if item not in results]  # preload keys never match
         if not todo:
             break
         request = session.scratch / f"{_safe(spec.package)}.check.{attempt}.json"
         out = session.scratch / f"{_safe(spec.package)}.check.{attempt}.jsonl"
-        atomic_write(
-            request,
-            json.dumps(
-                {
-                    "preload": preload,
-                    "items": [{"kind": k, "target": t} for k, t in todo],
-                }
-            ),
-        )
+        atomic_write(request, json.dumps({"preload": preload, "items": [{"kind": k, "target": t} for k, t in todo]}))
         out.unlink(missing_ok=True)
         done = session.run(
-            [str(session.venv_python), str(RUNNER), "check", str(request), str(out)],
-            log=log,
-            timeout=RUNNER_TIMEOUT_S,
+            [str(session.venv_python), str(RUNNER), "check", str(request), str(out)], log=log, timeout=RUNNER_TIMEOUT_S
         )
         running: tuple[str, str] | None = None
-        preload_failures = []
         for event in _read_events(out):
             key = (str(event["kind"]), str(event["target"]))
             if event["phase"] == "start":
                 running = key
                 continue
             running = None
-            if key[0] == "preload":
-                if not event["ok"]:
-                    preload_failures.append(f"{key[1]}: {event.get('error', '')}")
-                continue
+            if key[0] == "preload" and (event["ok"] or attempt > 0):
+                continue  # a preload failure is reported once, on the first attempt
             results[key] = _ItemResult(
-                kind=key[0],
-                target=key[1],
-                ok=bool(event["ok"]),
-                error=str(event.get("error", "")),
+                kind=key[0], target=key[1], ok=bool(event["ok"]), error=str(event.get("error", ""))
             )
         if done.ok:
             for kind, target in todo:
                 results.setdefault(
                     (kind, target),
                     _ItemResult(
-                        kind=kind,
-                        target=target,
-                        ok=False,
-                        error=f"no result from the runner; log: {done.log}",
+                        kind=kind, target=target, ok=False, error=f"no result from the runner; log: {done.log}"
                     ),
-                )
-            if preload_failures and attempt == 0:
-                results[("preload", "")] = _ItemResult(
-                    kind="preload",
-                    target="",
-                    ok=False,
-                    error="; ".join(preload_failures),
                 )
             break
         why = done.failure("verify_runner")
@@ -1033,18 +895,10 @@ def _run_checks(
             where = f"while importing {running[1]}" if running else "outside the checks"
             for kind, target in todo:
                 results.setdefault(
-                    (kind, target),
-                    _ItemResult(
-                        kind=kind,
-                        target=target,
-                        ok=False,
-                        error=f"runner died {where}: {why}",
-                    ),
+                    (kind, target), _ItemResult(kind=kind, target=target, ok=False, error=f"runner died {where}: {why}")
                 )
             break
-        results[running] = _ItemResult(
-            kind=running[0], target=running[1], ok=False, error=f"crashed: {why}"
-        )
+        results[running] = _ItemResult(kind=running[0], target=running[1], ok=False, error=f"crashed: {why}")
         preload = [t for (k, t), r in results.items() if k == "import" and r.ok]
     return results
 
@@ -1061,9 +915,7 @@ def _read_events(path: Path) -> Iterator[dict[str, Any]]:
             yield event
 
 
-def _import_row(
-    pkg: str, imports: Sequence[str], results: Mapping[tuple[str, str], _ItemResult]
-) -> Row:
+def _import_row(pkg: str, imports: Sequence[str], results: Mapping[tuple[str, str], _ItemResult]) -> Row:
     if not imports:
         return Row(
             package=pkg,
@@ -1071,25 +923,16 @@ def _import_row(
             status="FAIL",
             detail="nothing to import: no verify.imports and no top-level package found",
         )
-    failed = [results[("import", m)] for m in imports if not results[("import", m)].ok]
+    failed = [r for (kind, _), r in results.items() if kind == "preload" and not r.ok]
+    failed += [results[("import", m)] for m in imports if not results[("import", m)].ok]
     if failed:
         return Row(
-            package=pkg,
-            check="import",
-            status="FAIL",
-            detail="\n".join(f"{r.target}: {r.error}" for r in failed),
+            package=pkg, check="import", status="FAIL", detail="\n".join(f"{r.target}: {r.error}" for r in failed)
         )
-    return Row(
-        package=pkg,
-        check="import",
-        status="PASS",
-        detail=f"{len(imports)} modules: {', '.join(imports)}",
-    )
+    return Row(package=pkg, check="import", status="PASS", detail=f"{_n(len(imports), 'module')}: {', '.join(imports)}")
 
 
-def _read_elves(
-    paths: Sequence[Path],
-) -> tuple[dict[Path, elfcheck.ElfInfo], dict[Path, str]]:
+def _read_elves(paths: Sequence[Path]) -> tuple[dict[Path, elfcheck.ElfInfo], dict[Path, str]]:
     infos: dict[Path, elfcheck.ElfInfo] = {}
     errors: dict[Path, str] = {}
     for path in paths:
@@ -1115,12 +958,7 @@ def _libs_row(
     elf_errors: Mapping[Path, str],
 ) -> Row:
     if not installed.shared_objects:
-        return Row(
-            package=pkg,
-            check="libs",
-            status="SKIP",
-            detail="no shared objects in the wheel",
-        )
+        return Row(package=pkg, check="libs", status="SKIP", detail="no shared objects in the wheel")
     problems = [f"{_short(p, installed)}: {e}" for p, e in elf_errors.items()]
     for path in installed.shared_objects:
         result = results[("dlopen", str(path))]
@@ -1143,12 +981,15 @@ def _libs_row(
         problems.append(f"{name}: needs {missing}, not found{search}")
     if problems:
         return Row(package=pkg, check="libs", status="FAIL", detail="\n".join(problems))
-    needed = sorted({lib for elf in elves.values() for lib in elf.needed})
+    needed = sorted({lib for elf in elves.values() for lib in elf.needed if not _SYSTEM_LIB.match(lib)})
     return Row(
         package=pkg,
         check="libs",
         status="PASS",
-        detail=f"{len(installed.shared_objects)} shared objects load (RTLD_NOW); NEEDED: {', '.join(needed)}",
+        detail=(
+            f"{_n(len(installed.shared_objects), 'shared object')} load with RTLD_NOW; "
+            f"NEEDED beyond the C/C++ runtime: {', '.join(needed) or 'none'}"
+        ),
     )
 
 
@@ -1161,40 +1002,25 @@ def _symbols_row(
     torch_lib: str | None,
 ) -> Row:
     if not installed.shared_objects:
-        return Row(
-            package=pkg,
-            check="symbols",
-            status="SKIP",
-            detail="no shared objects in the wheel",
-        )
+        return Row(package=pkg, check="symbols", status="SKIP", detail="no shared objects in the wheel")
     problems = []
     for path in installed.shared_objects:
         result = results[("dlopen", str(path))]
         symbol = elfcheck.undefined_symbol(result.error) if not result.ok else None
         if symbol is not None:
             (pretty,) = session.demangle([symbol])
-            problems.append(
-                f"{_short(path, installed)}: undefined symbol {pretty} ({symbol})"
-            )
+            problems.append(f"{_short(path, installed)}: undefined symbol {pretty} ({symbol})")
 
-    wanted = {
-        path: elfcheck.torch_namespace(elf.undefined) for path, elf in elves.items()
-    }
+    wanted = {path: elfcheck.torch_namespace(elf.undefined) for path, elf in elves.items()}
     checked = ""
     if any(wanted.values()):
         if torch_lib is None:
-            problems.append(
-                "the wheel uses c10/at/torch symbols but torch is not installed in the venv"
-            )
+            problems.append("the wheel uses c10/at/torch symbols but torch is not installed in the venv")
         else:
             torch_index = session.torch_index(Path(torch_lib))
             own_index = elfcheck.SymbolIndex(elves.keys())
             for path, names in wanted.items():
-                missing = [
-                    n
-                    for n in torch_index.missing(names)
-                    if own_index.provider(n) is None
-                ]
+                missing = [n for n in torch_index.missing(names) if own_index.provider(n) is None]
                 if missing:
                     shown = session.demangle(missing[:3])
                     more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -1204,15 +1030,8 @@ def _symbols_row(
                     )
             checked = f"; {sum(map(len, wanted.values()))} c10/at/torch references resolved in {torch_lib}"
     if problems:
-        return Row(
-            package=pkg, check="symbols", status="FAIL", detail="\n".join(problems)
-        )
-    return Row(
-        package=pkg,
-        check="symbols",
-        status="PASS",
-        detail=f"no undefined symbols at load{checked}",
-    )
+        return Row(package=pkg, check="symbols", status="FAIL", detail="\n".join(problems))
+    return Row(package=pkg, check="symbols", status="PASS", detail=f"no undefined symbols at load{checked}")
 
 
 def _arch_row(
@@ -1233,49 +1052,27 @@ def _arch_row(
                 status="FAIL",
                 detail="manifest says cuda: true but no shared object carries a CUDA fatbinary",
             )
-        return Row(
-            package=pkg,
-            check="arch",
-            status="SKIP",
-            detail="no device code (cuda: false)",
-        )
+        return Row(package=pkg, check="arch", status="SKIP", detail="no device code (cuda: false)")
     if not manifest.archs:
         return Row(
-            package=pkg,
-            check="arch",
-            status="FAIL",
-            detail="device code found but the manifest lists no target archs",
+            package=pkg, check="arch", status="FAIL", detail="device code found but the manifest lists no target archs"
         )
     if cuobjdump is None:
-        return Row(
-            package=pkg,
-            check="arch",
-            status="FAIL",
-            detail=f"cuobjdump not found: {CUOBJDUMP_HINT}",
-        )
+        return Row(package=pkg, check="arch", status="FAIL", detail=f"cuobjdump not found: {CUOBJDUMP_HINT}")
     problems = []
     seen = []
     for path in device:
         name = _short(path, installed)
         listings = []
         for flag in ("--list-elf", "--list-ptx"):
-            done = session.run(
-                [str(cuobjdump), flag, str(path)],
-                log=f"{pkg}.cuobjdump",
-                timeout=TOOL_TIMEOUT_S,
-            )
-            if done.timed_out or (
-                done.returncode != 0
-                and "does not contain device code" not in done.output
-            ):
+            done = session.run([str(cuobjdump), flag, str(path)], log=f"{pkg}.cuobjdump", timeout=TOOL_TIMEOUT_S)
+            if done.timed_out or (done.returncode != 0 and "does not contain device code" not in done.output):
                 problems.append(f"{name}: {done.failure(f'cuobjdump {flag}')}")
             listings.append(done.output)
         code = parse_cuobjdump(*listings)
         wrong = arch_problems(code, manifest.archs)
         if wrong:
-            problems.append(
-                f"{name}: {'; '.join(wrong)} [{describe_device_code(code)}]"
-            )
+            problems.append(f"{name}: {'; '.join(wrong)} [{describe_device_code(code)}]")
         seen.append(f"{name}: {describe_device_code(code)}")
     if problems:
         return Row(package=pkg, check="arch", status="FAIL", detail="\n".join(problems))
@@ -1283,8 +1080,7 @@ def _arch_row(
         package=pkg,
         check="arch",
         status="PASS",
-        detail=f"{len(device)} objects have SASS for {', '.join(manifest.archs)}: "
-        + "; ".join(seen),
+        detail=f"{_n(len(device), 'object')} with SASS for {', '.join(manifest.archs)}: " + "; ".join(seen),
     )
 
 
@@ -1302,11 +1098,7 @@ def parse_smoke_output(text: str) -> list[tuple[str, Status, str]]:
             data = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if (
-            not isinstance(data, dict)
-            or data.get("status") not in _SMOKE_STATUSES
-            or "check" not in data
-        ):
+        if not isinstance(data, dict) or data.get("status") not in _SMOKE_STATUSES or "check" not in data:
             continue
         status: Status = data["status"]
         found.append((str(data["check"]), status, str(data.get("detail", ""))))
@@ -1318,12 +1110,7 @@ def _smoke_rows(session: _Session, spec: WheelSpec, *, timeout: float) -> Iterat
     pkg = spec.package
     script = SMOKE_DIR / f"{spec.smoke}.py"
     if not script.is_file():
-        yield Row(
-            package=pkg,
-            check="smoke",
-            status="FAIL",
-            detail=f"no smoke script {script}",
-        )
+        yield Row(package=pkg, check="smoke", status="FAIL", detail=f"no smoke script {script}")
         return
     # Run a copy under another name: a script named like its package
     # (flash_attn.py) would otherwise import itself instead of the package.
@@ -1331,33 +1118,15 @@ def _smoke_rows(session: _Session, spec: WheelSpec, *, timeout: float) -> Iterat
     work.mkdir(parents=True, exist_ok=True)
     copy = work / f"smoke_{spec.smoke}.py"
     shutil.copyfile(script, copy)
-    done = session.run(
-        [str(session.venv_python), str(copy)],
-        log=f"{pkg}.smoke",
-        timeout=timeout,
-        cwd=work,
-    )
+    done = session.run([str(session.venv_python), str(copy)], log=f"{pkg}.smoke", timeout=timeout, cwd=work)
     found = parse_smoke_output(done.output)
     for check, status, detail in found:
         yield Row(package=pkg, check=f"smoke:{check}", status=status, detail=detail)
     if done.timed_out:
-        yield Row(
-            package=pkg,
-            check="smoke",
-            status="FAIL",
-            detail=f"timed out after {timeout:g} s; log: {done.log}",
-        )
+        yield Row(package=pkg, check="smoke", status="FAIL", detail=f"timed out after {timeout:g} s; log: {done.log}")
     elif not done.ok:
-        yield Row(
-            package=pkg,
-            check="smoke",
-            status="FAIL",
-            detail=done.failure(f"smoke script {script.name}"),
-        )
+        yield Row(package=pkg, check="smoke", status="FAIL", detail=done.failure(f"smoke script {script.name}"))
     elif not found:
         yield Row(
-            package=pkg,
-            check="smoke",
-            status="FAIL",
-            detail=f"{script.name} reported no checks; log: {done.log}",
+            package=pkg, check="smoke", status="FAIL", detail=f"{script.name} reported no checks; log: {done.log}"
         )

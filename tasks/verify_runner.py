@@ -59,10 +59,7 @@ def _packaging() -> tuple[Any, Any] | None:
     """packaging's requirements and version modules, or pip's vendored copy."""
     for base in ("packaging", "pip._vendor.packaging"):
         try:
-            return (
-                importlib.import_module(base + ".requirements"),
-                importlib.import_module(base + ".version"),
-            )
+            return (importlib.import_module(base + ".requirements"), importlib.import_module(base + ".version"))
         except ImportError:
             continue
     return None
@@ -99,9 +96,7 @@ def _requirement_problems(dist: importlib.metadata.Distribution) -> list[str]:
     return problems
 
 
-def _top_level(
-    dist: importlib.metadata.Distribution, files: list[str], location: str
-) -> list[str]:
+def _top_level(dist: importlib.metadata.Distribution, files: list[str], location: str) -> list[str]:
     text = dist.read_text("top_level.txt")
     if text:
         return [line.strip() for line in text.splitlines() if line.strip()]
@@ -110,11 +105,7 @@ def _top_level(
         rel = os.path.relpath(path, location)
         parts = rel.split(os.sep)
         head = parts[0]
-        if (
-            head.startswith("..")
-            or head.endswith((".dist-info", ".data"))
-            or head == "__pycache__"
-        ):
+        if head.startswith("..") or head.endswith((".dist-info", ".data")) or head == "__pycache__":
             continue
         if len(parts) == 1:
             if head.endswith(".py"):
@@ -130,9 +121,7 @@ def _describe_dist(name: str) -> dict[str, Any]:
     except importlib.metadata.PackageNotFoundError:
         return {"found": False}
     location = os.path.realpath(str(dist.locate_file("")))
-    files = sorted(
-        {os.path.realpath(str(dist.locate_file(path))) for path in (dist.files or [])}
-    )
+    files = sorted({os.path.realpath(str(dist.locate_file(path))) for path in (dist.files or [])})
     return {
         "found": True,
         "name": dist.metadata["Name"],
@@ -171,11 +160,7 @@ def _do_dlopen(target: str) -> str:
     return target
 
 
-_ACTIONS: dict[str, Callable[[str], str]] = {
-    "preload": _do_import,
-    "import": _do_import,
-    "dlopen": _do_dlopen,
-}
+_ACTIONS: dict[str, Callable[[str], str]] = {"preload": _do_import, "import": _do_import, "dlopen": _do_dlopen}
 
 
 class _Events:
@@ -194,12 +179,10 @@ def _run_item(events: _Events, kind: str, target: str) -> bool:
         detail = _ACTIONS[kind](target)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - SystemExit from a module counts too
+    except BaseException as exc:  # SystemExit from a module counts too
         traceback.print_exc()
         sys.stdout.flush()
-        events.emit(
-            phase="end", kind=kind, target=target, ok=False, error=_error_text(exc)
-        )
+        events.emit(phase="end", kind=kind, target=target, ok=False, error=_error_text(exc))
         return False
     events.emit(phase="end", kind=kind, target=target, ok=True, detail=detail)
     return True

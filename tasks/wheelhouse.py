@@ -40,10 +40,7 @@ def is_current(ctx: Context) -> tuple[bool, str]:
     doc = read_manifest(ctx.settings.wheels)
     if doc is None:
         return False, "no manifest"
-    if (
-        doc.get("lock_sha256") != ctx.lock.sha256
-        or doc.get("profile") != ctx.settings.profile
-    ):
+    if doc.get("lock_sha256") != ctx.lock.sha256 or doc.get("profile") != ctx.settings.profile:
         return False, "lock or profile changed"
     have = {w["package"]: w["action_key"] for w in doc.get("wheels", [])}
     if have != expected(ctx):
@@ -67,11 +64,7 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         for pkg in ctx.packages:
             entry = build_package(ctx, pkg)  # verified by hash; rebuilt when corrupted
             dest = out / entry.path.name
-            if not (
-                dest.is_file()
-                and dest.stat().st_size == entry.size
-                and file_sha256(dest) == entry.sha256
-            ):
+            if not (dest.is_file() and dest.stat().st_size == entry.size and file_sha256(dest) == entry.sha256):
                 tmp = dest.with_name(f".{dest.name}.tmp")
                 shutil.copyfile(entry.path, tmp)
                 os.chmod(tmp, 0o644)
@@ -83,9 +76,7 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                     sha256=entry.sha256,
                     size=entry.size,
                     action_key=entry.key,
-                    sources=tuple(
-                        ctx.lock.sources[s].pin() for s in pkg.source_names()
-                    ),
+                    sources=tuple(ctx.lock.sources[s].pin() for s in pkg.source_names()),
                     cuda=pkg.cuda,
                     verify={
                         "imports": list(pkg.verify.imports),

@@ -26,9 +26,7 @@ def epoch_from_env() -> int:
 
 
 def _record_hash(data: bytes) -> str:
-    digest = (
-        base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    )
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"sha256={digest}"
 
 
@@ -41,18 +39,11 @@ def _order(name: str) -> tuple[int, str]:
 
 def normalize_wheel(src: Path, dest: Path, epoch: int | None = None) -> None:
     """Write the normalised form of wheel ``src`` to ``dest``."""
-    stamp = time.gmtime(
-        max(epoch if epoch is not None else epoch_from_env(), DEFAULT_EPOCH)
-    )[:6]
+    stamp = time.gmtime(max(epoch if epoch is not None else epoch_from_env(), DEFAULT_EPOCH))[:6]
     with zipfile.ZipFile(src) as zin:
         members = [i for i in zin.infolist() if not i.is_dir()]
         record_name = next(
-            (
-                i.filename
-                for i in members
-                if i.filename.endswith(".dist-info/RECORD")
-                and i.filename.count("/") == 1
-            ),
+            (i.filename for i in members if i.filename.endswith(".dist-info/RECORD") and i.filename.count("/") == 1),
             None,
         )
         if record_name is None:

@@ -32,8 +32,13 @@ def write_wheel(path: Path, order: list[str], date: tuple[int, ...]) -> None:
 
 
 def test_normalised_wheels_are_identical_and_record_is_regenerated(tmp_path: Path) -> None:
-    names = ["demo-0.1.dist-info/RECORD", "demo/_ext.so", "demo-0.1.dist-info/METADATA", "demo/__init__.py",
-             "demo-0.1.dist-info/WHEEL"]
+    names = [
+        "demo-0.1.dist-info/RECORD",
+        "demo/_ext.so",
+        "demo-0.1.dist-info/METADATA",
+        "demo/__init__.py",
+        "demo-0.1.dist-info/WHEEL",
+    ]
     write_wheel(tmp_path / "a.whl", names, (2024, 5, 1, 10, 0, 0))
     write_wheel(tmp_path / "b.whl", list(reversed(names)), (2025, 1, 2, 3, 4, 6))
     assert (tmp_path / "a.whl").read_bytes() != (tmp_path / "b.whl").read_bytes()
@@ -82,13 +87,21 @@ def test_action_key_covers_inputs_but_not_job_counts() -> None:
 
 
 def test_index_files() -> None:
-    rec = WheelRecord(package="repro_pure", filename="repro_pure-0.1.0-py3-none-any.whl", sha256="c" * 64,
-                      size=10, action_key="k" * 64, sources=())
+    rec = WheelRecord(
+        package="repro_pure",
+        filename="repro_pure-0.1.0-py3-none-any.whl",
+        sha256="c" * 64,
+        size=10,
+        action_key="k" * 64,
+        sources=(),
+    )
     files = simple_index([rec])
     assert '<a href="repro-pure/">repro-pure</a>' in files["index.html"]
     assert f'href="../../repro_pure-0.1.0-py3-none-any.whl#sha256={"c" * 64}"' in files["repro-pure/index.html"]
     assert f"repro-pure==0.1.0 --hash=sha256:{'c' * 64}" in requirements([rec])
-    assert '"action_key": "' + "k" * 64 in manifest([rec], lock="l", lock_sha256="x", profile="default", archs=["sm_90a"])
+    assert '"action_key": "' + "k" * 64 in manifest(
+        [rec], lock="l", lock_sha256="x", profile="default", archs=["sm_90a"]
+    )
 
 
 def test_failing_hunk_is_found_by_start_line() -> None:

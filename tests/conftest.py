@@ -1,0 +1,157 @@
+"""Shared fixtures: the published fixture packages, a loopback server, doit workspaces.
+
+A workspace is a scratch directory holding a copy of the example lock (its
+URLs pointed at the test's server) and its patches; doit runs there as a user
+would run it, through ``python -m doit -f <repo>/dodo.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+import venv
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+
+from make_fixtures import publish  # noqa: E402
+from serve import FixtureServer  # noqa: E402
+
+EXAMPLE_LOCK = REPO / "examples" / "example.lock"
+EXAMPLE_URL = "http://127.0.0.1:8737"
+
+
+@pytest.fixture(scope="session")
+def published(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("published")
+    publish(dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def server(published: Path) -> Iterator[FixtureServer]:
+    with FixtureServer(published, port=0) as srv:
+        yield srv
+
+
+def lock_text_for(url: str, lock: Path = EXAMPLE_LOCK) -> str:
+    return lock.read_text().replace(EXAMPLE_URL, url)
+
+
+@dataclass
+class Workspace:
+    root: Path
+    cache: Path
+    index_url: str
+    env_extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "example.lock"
+
+    @property
+    def wheels(self) -> Path:
+        return self.root / "wheels"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "REPRO_"))}
+        env.update(PIP_INDEX_URL=self.index_url, PIP_CONFIG_FILE=os.devnull, PYTHONUNBUFFERED="1")
+        env.update(self.env_extra)
+        return env
+
+    def command(self, *args: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "doit",
+            "-f",
+            str(REPO / "dodo.py"),
+            "-d",
+            str(self.root),
+            *args,
+            f"lock={self.lock}",
+            f"cache={self.cache}",
+        ]
+
+    def doit(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            self.command(*args),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        if check and res.returncode != 0:
+            raise AssertionError(f"doit {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+        return res
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.command(*args),
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def edit_lock(self, old: str, new: str) -> None:
+        text = self.lock.read_text()
+        assert old in text, old
+        self.lock.write_text(text.replace(old, new, 1))
+
+
+def make_workspace(root: Path, cache: Path, url: str) -> Workspace:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "example.lock").write_text(lock_text_for(url))
+    shutil.copytree(REPO / "examples" / "patches", root / "patches")
+    return Workspace(root=root, cache=cache, index_url=f"{url}/simple")
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, server: FixtureServer) -> Workspace:
+    return make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
+
+
+def built_packages(output: str) -> list[str]:
+    """Packages a doit run compiled (from its 'built <pkg> in' lines)."""
+    return re.findall(r"^built (\S+) in ", output, flags=re.M)
+
+
+@pytest.fixture(scope="session")
+def quick_cache(tmp_path_factory: pytest.TempPathFactory, server: FixtureServer) -> Path:
+    """A cache holding the example lock's 'quick' profile, built once per session."""
+    root = tmp_path_factory.mktemp("quick")
+    ws = make_workspace(root / "ws", root / "cache", server.url)
+    ws.doit("wheels", "profile=quick")
+    return ws.cache
+
+
+def copy_cache(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns("*.lock"))
+    return dest
+
+
+def scratch_venv(path: Path) -> str:
+    """A fresh venv that also sees this interpreter's packages (torch) through a .pth file."""
+    venv.EnvBuilder(with_pip=True).create(path)
+    py = path / "bin" / "python"
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(purelib, "_outer_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return str(py)
