@@ -330,10 +330,15 @@ def parse_cuobjdump(list_elf: str, list_ptx: str = "") -> DeviceCode:
 def arch_problems(code: DeviceCode, targets: Sequence[str]) -> list[str]:
     """Why an object's device code does not meet the targets (empty: it does)."""
     problems = []
-    missing = [arch for arch in targets if arch not in code.sass]
+    # SASS for sm_XY runs on an sm_XYa device too (the 'a' variant only adds
+    # instructions), so plain sm_90 code meets an sm_90a target without JIT.
+    missing = [arch for arch in targets if arch not in code.sass and arch.rstrip("af") not in code.sass]
     if missing:
         problems.append("no SASS for " + ", ".join(missing))
-    jit = sorted(code.ptx - code.sass)
+    # Likewise PTX beside SASS of the same family (compute_90 PTX with sm_90a
+    # SASS) is never JIT-compiled on that GPU: only PTX with no SASS is.
+    families = {arch.rstrip("af") for arch in code.sass}
+    jit = sorted(arch for arch in code.ptx if arch.rstrip("af") not in families)
     if jit:
         problems.append("PTX without SASS for " + ", ".join(jit) + " (left to PTX JIT)")
     return problems
@@ -614,6 +619,9 @@ def verify_wheelhouse(
     """
     if gpu not in GPU_MODES:
         raise ReproError(f"gpu must be one of {', '.join(GPU_MODES)}, not {gpu!r}")
+    resolved = shutil.which(python)
+    if resolved is None:
+        raise ReproError(f"python={python!r}: no such interpreter; pass the path of the Python that has torch")
     wheel_dir = Path(wheel_dir).resolve()
     work_dir = Path(work_dir).resolve()
     manifest = load_manifest(wheel_dir)
@@ -621,7 +629,7 @@ def verify_wheelhouse(
     session = _Session(
         wheel_dir=wheel_dir,
         work_dir=work_dir,
-        python=python,
+        python=str(Path(resolved).absolute()),
         gpu=cast(GpuMode, gpu),  # checked against GPU_MODES above
         log_dir=Path(log_dir).resolve() if log_dir is not None else work_dir / "logs",
     )
@@ -695,7 +703,7 @@ def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
         package="wheelhouse",
         check="sha256",
         status="PASS",
-        detail=f"{_n(len(manifest.wheels), 'wheel')} match manifest.json",
+        detail=f"{_n(len(manifest.wheels), 'wheel')}: sha256 as in manifest.json",
     )
 
 
@@ -987,7 +995,7 @@ def _libs_row(
         check="libs",
         status="PASS",
         detail=(
-            f"{_n(len(installed.shared_objects), 'shared object')} load with RTLD_NOW; "
+            f"{_n(len(installed.shared_objects), 'shared object')}: all load with RTLD_NOW; "
             f"NEEDED beyond the C/C++ runtime: {', '.join(needed) or 'none'}"
         ),
     )

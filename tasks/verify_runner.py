@@ -199,7 +199,15 @@ def check(request: dict[str, Any], stream: TextIO) -> None:
         _run_item(events, item["kind"], item["target"])
 
 
+def _forget_own_directory() -> None:
+    """Run as a script, Python puts tasks/ first on sys.path, where modules
+    such as ``build`` or ``index`` would shadow what the checked packages import."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+
+
 def main(argv: list[str]) -> int:
+    _forget_own_directory()
     if len(argv) != 4 or argv[1] not in ("info", "check"):
         sys.stderr.write("usage: verify_runner.py info|check REQUEST.json OUT\n")
         return 2

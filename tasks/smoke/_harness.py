@@ -34,7 +34,7 @@ def run(check: str, fn: Callable[[], Result]) -> None:
     """One sub-check: ``fn`` returns (status, detail); an exception is a FAIL."""
     try:
         status, detail = fn()
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a FAIL line
+    except Exception as exc:  # every failure becomes a FAIL line
         traceback.print_exc()
         sys.stderr.flush()
         status, detail = "FAIL", f"{type(exc).__name__}: {exc}"
@@ -57,7 +57,7 @@ def run_gpu(check: str, fn: Callable[[], Result]) -> None:
     """A GPU sub-check: SKIP with the reason (never PASS) when there is no GPU."""
     try:
         reason = gpu_skip_reason()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         emit(check, "FAIL", f"{type(exc).__name__}: {exc}")
         return
     if reason is not None:

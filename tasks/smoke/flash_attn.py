@@ -1,0 +1,144 @@
+"""Smoke test of FlashAttention 2 (flash-attn 2.7.4.post1, GPU sm_80+).
+
+flash_attn.flash_attn_func(q, k, v, dropout_p=0.0, causal=...) on bf16 q, k,
+v of shape (batch 2, seqlen 512, heads 8, head dim 128), causal and not,
+forward and backward, against torch.nn.functional.scaled_dot_product_attention
+in float32 on the same (upcast) inputs. Tolerances for bf16: forward max
+|err| < 2e-2; dq, dk, dv norm-wise relative error < 5e-2.
+"""
+
+from __future__ import annotations
+
+# --- harness (keep identical to tasks/smoke/_harness.py) ---
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+# Run by path, a script's own directory comes first on sys.path, where a
+# script named like its package (flash_attn.py) would import itself.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+# "0": GPU checks off; "1": a GPU is required; unset: run them where one exists.
+GPU_MODE = os.environ.get("REPRO_VERIFY_GPU", "")
+
+Result = tuple[str, str]
+
+
+def emit(check: str, status: str, detail: str) -> None:
+    print(json.dumps({"check": check, "status": status, "detail": detail}), flush=True)
+
+
+def run(check: str, fn: Callable[[], Result]) -> None:
+    """One sub-check: ``fn`` returns (status, detail); an exception is a FAIL."""
+    try:
+        status, detail = fn()
+    except Exception as exc:  # every failure becomes a FAIL line
+        traceback.print_exc()
+        sys.stderr.flush()
+        status, detail = "FAIL", f"{type(exc).__name__}: {exc}"
+    emit(check, status, detail)
+
+
+def gpu_skip_reason() -> str | None:
+    """Why GPU checks cannot run here, or None when they can."""
+    if GPU_MODE == "0":
+        return "GPU checks disabled (REPRO_VERIFY_GPU=0)"
+    torch = importlib.import_module("torch")
+    if torch.cuda.is_available():
+        return None
+    if GPU_MODE == "1":
+        raise RuntimeError("REPRO_VERIFY_GPU=1 requires a GPU; torch.cuda.is_available() is False")
+    return "no CUDA device: torch.cuda.is_available() is False"
+
+
+def run_gpu(check: str, fn: Callable[[], Result]) -> None:
+    """A GPU sub-check: SKIP with the reason (never PASS) when there is no GPU."""
+    try:
+        reason = gpu_skip_reason()
+    except Exception as exc:
+        emit(check, "FAIL", f"{type(exc).__name__}: {exc}")
+        return
+    if reason is not None:
+        emit(check, "SKIP", reason)
+        return
+    run(check, fn)
+
+
+def rel_err(a: Any, b: Any) -> float:
+    """Norm-wise relative error ||a - b|| / ||b||, computed in float64."""
+    a64, b64 = a.detach().double(), b.detach().double()
+    return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
+
+
+def max_abs_err(a: Any, b: Any) -> float:
+    return float((a.detach().double() - b.detach().double()).abs().max())
+
+
+def verdict(ok: bool, detail: str) -> Result:
+    return ("PASS" if ok else "FAIL"), detail
+
+
+# --- end harness ---
+
+
+BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 512, 8, 128
+FWD_MAX_ABS = 2e-2
+GRAD_REL = 5e-2
+
+
+def reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, list[Any]]:
+    """float32 SDPA (math backend, no TF32) on (b, s, h, d) inputs; returns out and leaves."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    leaves = [t.detach().float().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
+    attention = importlib.import_module("torch.nn.attention")
+    with attention.sdpa_kernel(attention.SDPBackend.MATH):
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return out.transpose(1, 2), leaves
+
+
+def compare(torch: Any, func: Callable[..., Any], causal: bool) -> Result:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (BATCH, SEQLEN, HEADS, HEAD_DIM)
+    q, k, v = (
+        torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_(True) for _ in range(3)
+    )
+    dout = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    res = func(q, k, v, dropout_p=0.0, causal=causal)
+    out = res[0] if isinstance(res, tuple) else res
+    out.backward(dout)
+    ref, leaves = reference(torch, q, k, v, causal)
+    ref.backward(dout.float())
+    fwd = max_abs_err(out, ref)
+    grads = {
+        name: rel_err(t.grad, leaf.grad.transpose(1, 2))
+        for name, t, leaf in zip(("dq", "dk", "dv"), (q, k, v), leaves, strict=True)
+    }
+    ok = fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in grads.values())
+    detail = (
+        f"bf16 {shape}, causal={causal}: fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
+        + ", ".join(f"{n} rel={e:.1e}" for n, e in grads.items())
+        + f" (tol {GRAD_REL:g}) vs fp32 SDPA"
+    )
+    return verdict(ok, detail)
+
+
+def case(causal: bool) -> Callable[[], Result]:
+    def check() -> Result:
+        torch = importlib.import_module("torch")
+        major, minor = torch.cuda.get_device_capability()
+        if major < 8:
+            return "SKIP", f"FlashAttention 2 needs sm_80 or newer; this GPU is sm_{major}{minor}"
+        flash_attn = importlib.import_module("flash_attn")
+        return compare(torch, flash_attn.flash_attn_func, causal)
+
+    return check
+
+
+if __name__ == "__main__":
+    run_gpu("fwd-bwd", case(causal=False))
+    run_gpu("fwd-bwd-causal", case(causal=True))

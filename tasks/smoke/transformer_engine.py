@@ -1,0 +1,257 @@
+"""Smoke test of TransformerEngine 2.4 (PyTorch) with FlashAttention 2 and 3.
+
+- fp8-linear (GPU, FP8-capable: sm_89+): te.Linear(256, 512) in bf16 under
+  te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling()) on a (128, 256)
+  input, forward and backward, after three warm-up steps (delayed scaling
+  takes its scales from earlier steps' amax), against
+  torch.nn.functional.linear in float32 with the same weights. Tolerance for
+  FP8 (E4M3 forward, E5M2 gradients): norm-wise relative error
+  ||x - ref|| / ||ref|| < 0.1 for the output and the input, weight and bias
+  gradients.
+- fa3-available: TE sees flash-attn-3 (FlashAttentionUtils.v3_is_installed).
+- dpa-fa3 (GPU, sm_90): te.DotProductAttention (bshd, 8 heads, head dim 128,
+  batch 2, seqlen 512), no mask and causal, with only the flash-attention
+  backend allowed (NVTE_FLASH_ATTN=1, NVTE_FUSED_ATTN=0, NVTE_UNFUSED_ATTN=0,
+  set before TE is imported); TE must select FlashAttention 3. bf16 forward
+  and backward against float32 SDPA: forward max |err| < 2e-2, dq, dk, dv
+  norm-wise relative error < 5e-2.
+- fa2-version: TE's flash-attn version check accepts the installed flash-attn
+  (FlashAttentionUtils.is_installed; TE 2.4 takes 2.1.1 <= v <= 2.7.4.post1).
+"""
+
+from __future__ import annotations
+
+# --- harness (keep identical to tasks/smoke/_harness.py) ---
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+# Run by path, a script's own directory comes first on sys.path, where a
+# script named like its package (flash_attn.py) would import itself.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+# "0": GPU checks off; "1": a GPU is required; unset: run them where one exists.
+GPU_MODE = os.environ.get("REPRO_VERIFY_GPU", "")
+
+Result = tuple[str, str]
+
+
+def emit(check: str, status: str, detail: str) -> None:
+    print(json.dumps({"check": check, "status": status, "detail": detail}), flush=True)
+
+
+def run(check: str, fn: Callable[[], Result]) -> None:
+    """One sub-check: ``fn`` returns (status, detail); an exception is a FAIL."""
+    try:
+        status, detail = fn()
+    except Exception as exc:  # every failure becomes a FAIL line
+        traceback.print_exc()
+        sys.stderr.flush()
+        status, detail = "FAIL", f"{type(exc).__name__}: {exc}"
+    emit(check, status, detail)
+
+
+def gpu_skip_reason() -> str | None:
+    """Why GPU checks cannot run here, or None when they can."""
+    if GPU_MODE == "0":
+        return "GPU checks disabled (REPRO_VERIFY_GPU=0)"
+    torch = importlib.import_module("torch")
+    if torch.cuda.is_available():
+        return None
+    if GPU_MODE == "1":
+        raise RuntimeError("REPRO_VERIFY_GPU=1 requires a GPU; torch.cuda.is_available() is False")
+    return "no CUDA device: torch.cuda.is_available() is False"
+
+
+def run_gpu(check: str, fn: Callable[[], Result]) -> None:
+    """A GPU sub-check: SKIP with the reason (never PASS) when there is no GPU."""
+    try:
+        reason = gpu_skip_reason()
+    except Exception as exc:
+        emit(check, "FAIL", f"{type(exc).__name__}: {exc}")
+        return
+    if reason is not None:
+        emit(check, "SKIP", reason)
+        return
+    run(check, fn)
+
+
+def rel_err(a: Any, b: Any) -> float:
+    """Norm-wise relative error ||a - b|| / ||b||, computed in float64."""
+    a64, b64 = a.detach().double(), b.detach().double()
+    return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
+
+
+def max_abs_err(a: Any, b: Any) -> float:
+    return float((a.detach().double() - b.detach().double()).abs().max())
+
+
+def verdict(ok: bool, detail: str) -> Result:
+    return ("PASS" if ok else "FAIL"), detail
+
+
+# --- end harness ---
+
+
+# Read by TE when it is imported (utils._NVTE_FLASH_ATTN) and when it picks a backend.
+os.environ.update(NVTE_FLASH_ATTN="1", NVTE_FUSED_ATTN="0", NVTE_UNFUSED_ATTN="0")
+
+IN_FEATURES, OUT_FEATURES, TOKENS = 256, 512, 128
+FP8_REL = 0.1
+FP8_WARMUP_STEPS = 3
+BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 512, 8, 128
+FWD_MAX_ABS = 2e-2
+GRAD_REL = 5e-2
+DPA_PACKAGE = "transformer_engine.pytorch.attention.dot_product_attention"
+
+
+def fa_utils() -> Any:
+    return importlib.import_module(DPA_PACKAGE + ".utils").FlashAttentionUtils
+
+
+def installed_version(dist: str) -> str | None:
+    metadata = importlib.import_module("importlib.metadata")
+    try:
+        return str(metadata.version(dist))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def fp8_linear() -> Result:
+    torch = importlib.import_module("torch")
+    te = importlib.import_module("transformer_engine.pytorch")
+    recipe = importlib.import_module("transformer_engine.common.recipe")
+    fp8 = importlib.import_module("transformer_engine.pytorch.fp8")
+    supported, reason = fp8.check_fp8_support()
+    if not supported:
+        return "SKIP", f"FP8 is not supported on this GPU: {reason}"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    layer = te.Linear(IN_FEATURES, OUT_FEATURES, bias=True, params_dtype=torch.bfloat16)
+    fp8_recipe = recipe.DelayedScaling()
+    x = torch.randn(TOKENS, IN_FEATURES, generator=gen, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(TOKENS, OUT_FEATURES, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> tuple[Any, Any]:
+        layer.zero_grad(set_to_none=True)
+        inp = x.clone().requires_grad_(True)
+        with te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe):
+            out = layer(inp)
+        out.backward(dout)
+        return out, inp
+
+    for _ in range(FP8_WARMUP_STEPS):
+        step()
+    out, inp = step()
+
+    weight = layer.weight.detach().float().requires_grad_(True)
+    bias = layer.bias.detach().float().requires_grad_(True)
+    x_ref = x.float().requires_grad_(True)
+    ref = torch.nn.functional.linear(x_ref, weight, bias)
+    ref.backward(dout.float())
+    errs = {
+        "out": rel_err(out, ref),
+        "dgrad": rel_err(inp.grad, x_ref.grad),
+        "wgrad": rel_err(layer.weight.grad, weight.grad),
+        "bgrad": rel_err(layer.bias.grad, bias.grad),
+    }
+    detail = (
+        f"te.Linear({IN_FEATURES}, {OUT_FEATURES}) bf16, fp8_autocast(DelayedScaling), "
+        f"input ({TOKENS}, {IN_FEATURES}): "
+        + ", ".join(f"{n} rel={e:.1e}" for n, e in errs.items())
+        + f" (tol {FP8_REL:g}) vs fp32 F.linear"
+    )
+    return verdict(all(e < FP8_REL for e in errs.values()), detail)
+
+
+def fa3_available() -> Result:
+    importlib.import_module("transformer_engine.pytorch")
+    fa = fa_utils()
+    dist = installed_version("flash-attn-3")
+    if dist is None:
+        return "SKIP", "flash-attn-3 is not installed in this environment"
+    if not fa.v3_is_installed:
+        return "FAIL", (
+            f"flash-attn-3 {dist} is installed but TE does not use it "
+            f"(FlashAttentionUtils.v3_is_installed is False, fa3_version={fa.fa3_version})"
+        )
+    return "PASS", f"TE sees flash-attn-3 {fa.fa3_version} (FlashAttentionUtils.v3_is_installed)"
+
+
+def reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, list[Any]]:
+    """float32 SDPA (math backend, no TF32) on (b, s, h, d) inputs; returns out and leaves."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    leaves = [t.detach().float().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
+    attention = importlib.import_module("torch.nn.attention")
+    with attention.sdpa_kernel(attention.SDPBackend.MATH):
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return out.transpose(1, 2), leaves
+
+
+def dpa_fa3() -> Result:
+    torch = importlib.import_module("torch")
+    te = importlib.import_module("transformer_engine.pytorch")
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return "SKIP", f"FlashAttention 3 runs on sm_90 only; this GPU is sm_{major}{minor}"
+    if not fa_utils().v3_is_installed:
+        return "FAIL", "TE does not see flash-attn-3 (FlashAttentionUtils.v3_is_installed is False)"
+    backends = importlib.import_module(DPA_PACKAGE)._attention_backends
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (BATCH, SEQLEN, HEADS, HEAD_DIM)
+    parts = []
+    ok = True
+    for mask in ("no_mask", "causal"):
+        dpa = te.DotProductAttention(HEADS, HEAD_DIM, qkv_format="bshd", attn_mask_type=mask, attention_dropout=0.0)
+        q, k, v = (
+            torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+            for _ in range(3)
+        )
+        dout = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+        out = dpa(q, k, v)  # (batch, seqlen, heads * head_dim)
+        chosen = backends.get("flash_attention_backend")
+        if not backends.get("use_flash_attention") or getattr(chosen, "major", None) != 3:
+            return "FAIL", (
+                f"TE did not select FlashAttention 3 for {mask}: use_flash_attention="
+                f"{backends.get('use_flash_attention')}, flash_attention_backend={chosen}"
+            )
+        out.backward(dout.reshape(out.shape))
+        ref, leaves = reference(torch, q, k, v, causal=mask == "causal")
+        ref.backward(dout.float())
+        fwd = max_abs_err(out, ref.reshape(out.shape))
+        grads = {
+            name: rel_err(t.grad, leaf.grad.transpose(1, 2))
+            for name, t, leaf in zip(("dq", "dk", "dv"), (q, k, v), leaves, strict=True)
+        }
+        ok = ok and fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in grads.values())
+        parts.append(f"{mask}: fwd max|err|={fwd:.1e}, " + ", ".join(f"{n} rel={e:.1e}" for n, e in grads.items()))
+    detail = (
+        f"DotProductAttention bf16 {shape} on FlashAttention {chosen}: "
+        + "; ".join(parts)
+        + f" (tol fwd {FWD_MAX_ABS:g}, grads {GRAD_REL:g}) vs fp32 SDPA"
+    )
+    return verdict(ok, detail)
+
+
+def fa2_version() -> Result:
+    importlib.import_module("transformer_engine.pytorch")
+    fa = fa_utils()
+    dist = installed_version("flash-attn")
+    if dist is None:
+        return "SKIP", "flash-attn (FA2) is not installed in this environment"
+    bounds = f"{fa.version_required} <= v <= {fa.max_version}"
+    if not fa.is_installed:
+        return "FAIL", f"TE rejects flash-attn {dist}: it accepts {bounds}"
+    return "PASS", f"TE accepts flash-attn {fa.version} ({bounds})"
+
+
+if __name__ == "__main__":
+    run_gpu("fp8-linear", fp8_linear)
+    run("fa3-available", fa3_available)
+    run_gpu("dpa-fa3", dpa_fa3)
+    run("fa2-version", fa2_version)
