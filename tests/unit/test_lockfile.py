@@ -126,7 +126,7 @@ def test_profile_can_disable_a_package() -> None:
 def test_missing_patch_file_is_reported(tmp_path: Path) -> None:
     doc = good_doc()
     doc["packages"]["fa3"]["patches"] = ["0001-fix.patch"]
-    with pytest.raises(LockError, match="patch '0001-fix.patch' not found"):
+    with pytest.raises(LockError, match=r"patch '0001-fix\.patch' not found"):
         parse_lock(doc, path=tmp_path / "sources.lock")
     (tmp_path / "patches" / "fa3").mkdir(parents=True)
     (tmp_path / "patches" / "fa3" / "0001-fix.patch").write_text("")
