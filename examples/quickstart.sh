@@ -15,5 +15,5 @@ sleep 1
 kill -0 "$SERVER" 2>/dev/null || { echo "quickstart: cannot serve on 127.0.0.1:$PORT (port busy?)" >&2; exit 1; }
 # PyPI-kind sources are found through pip's configured index; point it at ours.
 export PIP_INDEX_URL="http://127.0.0.1:$PORT/simple"
-.venv/bin/doit wheels lock=examples/example.lock "$@"
-.venv/bin/doit verify lock=examples/example.lock "$@"
+.venv/bin/python -m doit wheels lock=examples/example.lock "$@"
+.venv/bin/python -m doit verify lock=examples/example.lock "$@"

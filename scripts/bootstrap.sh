@@ -16,4 +16,4 @@ fi
 command -v git >/dev/null || { echo "bootstrap: git is required (apt-get install git)" >&2; exit 1; }
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || \
   echo "bootstrap: warning: nvcc not found; the CUDA fixture and the real stack need a CUDA toolkit" >&2
-echo "bootstrap: ready (.venv/bin/doit, .venv/bin/python)"
+echo "bootstrap: ready (.venv/bin/python -m doit)"

@@ -42,7 +42,7 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def _stop_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     if proc.poll() is not None:
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -102,7 +102,7 @@ def run(
             _pid, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = code = os.waitstatus_to_exitcode(status)
         except BaseException:
-            _stop_group(proc)
+            stop_group(proc)
             with log.open("ab") as again:
                 again.write(b"\n# interrupted: process group stopped\n")
             raise

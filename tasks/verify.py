@@ -22,7 +22,6 @@ The result is a :class:`Report`, also written to ``report.json`` and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,7 +37,10 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from tasks import elfcheck, proc
+from tasks import proc as proc_mod
+from tasks.cache import write_atomic
 from tasks.errors import ReproError, VerifyFailed
+from tasks.treehash import file_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().with_name("verify_runner.py")
@@ -421,31 +423,18 @@ def run_logged(
         try:
             returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop_group(proc)
+            proc_mod.stop_group(proc)
             returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
             timed_out = True
             fh.write(f"\n# timed out after {timeout} s: process group stopped\n".encode())
         except BaseException:
-            _stop_group(proc)
+            proc_mod.stop_group(proc)
             raise
         fh.flush()
     with log.open("rb") as fh:
         fh.seek(start)
         output = fh.read().decode("utf-8", errors="replace")
     return Completed(argv=tuple(argv), returncode=returncode, output=output, log=log, timed_out=timed_out)
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def child_env(venv: Path | None = None, gpu: GpuMode = "auto") -> dict[str, str]:
@@ -468,24 +457,6 @@ def child_env(venv: Path | None = None, gpu: GpuMode = "auto") -> dict[str, str]
     elif gpu == "on":
         env["REPRO_VERIFY_GPU"] = "1"
     return env
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------
@@ -583,7 +554,7 @@ class _Session:
     def runner_info(self, python: str | Path, dists: Sequence[str], *, log: str) -> dict[str, Any] | Completed:
         request = self.scratch / f"{log}.request.json"
         out = self.scratch / f"{log}.json"
-        atomic_write(request, json.dumps({"dists": list(dists)}))
+        write_atomic(request, json.dumps({"dists": list(dists)}))
         out.unlink(missing_ok=True)
         done = self.run([str(python), str(RUNNER), "info", str(request), str(out)], log=log, timeout=TOOL_TIMEOUT_S)
         if not done.ok or not out.is_file():
@@ -635,8 +606,8 @@ def verify_wheelhouse(
     )
     rows = list(_verify(session, manifest, smoke_timeout=smoke_timeout))
     report = Report(rows=tuple(rows), wheel_dir=str(wheel_dir), archs=manifest.archs)
-    atomic_write(work_dir / "report.json", report.to_json())
-    atomic_write(work_dir / "report.txt", report.render())
+    write_atomic(work_dir / "report.json", report.to_json())
+    write_atomic(work_dir / "report.txt", report.render())
     return report
 
 
@@ -690,7 +661,7 @@ def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
         path = wheel_dir / spec.filename
         if not path.is_file():
             problems.append(f"{spec.filename}: missing")
-        elif sha256_file(path) != spec.sha256:
+        elif file_sha256(path) != spec.sha256:
             problems.append(f"{spec.filename}: sha256 differs from the manifest")
     if problems:
         return Row(
@@ -733,7 +704,7 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         # after the scratch venv's own site-packages.
         pth_dirs = [d for d in base.get("site_dirs", []) if Path(d).is_dir()]
         for site_dir in _venv_site_dirs(session.venv):
-            atomic_write(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
+            write_atomic(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
         note = f"; base venv {base.get('prefix')} visible through a .pth file"
     return Row(
         package="wheelhouse",
@@ -870,7 +841,7 @@ def _run_checks(
             break
         request = session.scratch / f"{_safe(spec.package)}.check.{attempt}.json"
         out = session.scratch / f"{_safe(spec.package)}.check.{attempt}.jsonl"
-        atomic_write(request, json.dumps({"preload": preload, "items": [{"kind": k, "target": t} for k, t in todo]}))
+        write_atomic(request, json.dumps({"preload": preload, "items": [{"kind": k, "target": t} for k, t in todo]}))
         out.unlink(missing_ok=True)
         done = session.run(
             [str(session.venv_python), str(RUNNER), "check", str(request), str(out)], log=log, timeout=RUNNER_TIMEOUT_S
