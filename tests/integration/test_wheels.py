@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -117,6 +118,10 @@ def test_full_example_lock_builds_installs_and_is_reused(workspace: Workspace, t
         check=True,
         env=pip_env,
     )
+    # doit verify on the wheelhouse: every check passes or, for the GPU ones here, is skipped.
+    report = ws.doit("verify").stdout
+    assert re.search(r"^\d+ passed, 0 failed, \d+ skipped$", report, flags=re.M), report
+    assert "smoke:scaled_add    PASS" in report and "arch                PASS" in report
     # Nothing is rebuilt on a second run, nor after doit's state file is deleted.
     assert built_packages(ws.doit("wheels").stdout) == []
     for state in ws.root.glob(".doit.db*"):
