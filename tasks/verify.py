@@ -1097,6 +1097,7 @@ def _smoke_rows(session: _Session, spec: WheelSpec, *, timeout: float) -> Iterat
     work.mkdir(parents=True, exist_ok=True)
     copy = work / f"smoke_{spec.smoke}.py"
     shutil.copyfile(script, copy)
+    shutil.copyfile(SMOKE_DIR / "_harness.py", work / "_harness.py")
     done = session.run([str(session.venv_python), str(copy)], log=f"{pkg}.smoke", timeout=timeout, cwd=work)
     found = parse_smoke_output(done.output)
     for check, status, detail in found:

@@ -1,12 +1,12 @@
-"""Reference copy of the helpers pasted into every smoke script.
+"""Helpers shared by the smoke scripts: result lines, GPU gating, error measures.
 
-Not a smoke script itself: scripts must stay standalone, so each carries
-this block verbatim between the markers (tests/unit/test_verify.py checks).
+`doit verify` copies this module next to the script it runs; a script imports
+it first, and on import it takes the scripts' directory off ``sys.path`` so a
+script named like its package (flash_attn.py) cannot import itself.
 """
 
 from __future__ import annotations
 
-# --- harness (keep identical to tasks/smoke/_harness.py) ---
 import importlib
 import json
 import os
@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 # Run by path, a script's own directory comes first on sys.path, where a
-# script named like its package (flash_attn.py) would import itself.
+# script named like its package (flash_attn.py) would import itself. This
+# module lives in that directory and is imported first: drop the directory now.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
@@ -78,6 +79,3 @@ def max_abs_err(a: Any, b: Any) -> float:
 
 def verdict(ok: bool, detail: str) -> Result:
     return ("PASS" if ok else "FAIL"), detail
-
-
-# --- end harness ---

@@ -21,82 +21,11 @@
 
 from __future__ import annotations
 
-# --- harness (keep identical to tasks/smoke/_harness.py) ---
 import importlib
-import json
 import os
-import sys
-import traceback
-from collections.abc import Callable
 from typing import Any
 
-# Run by path, a script's own directory comes first on sys.path, where a
-# script named like its package (flash_attn.py) would import itself.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
-# "0": GPU checks off; "1": a GPU is required; unset: run them where one exists.
-GPU_MODE = os.environ.get("REPRO_VERIFY_GPU", "")
-
-Result = tuple[str, str]
-
-
-def emit(check: str, status: str, detail: str) -> None:
-    print(json.dumps({"check": check, "status": status, "detail": detail}), flush=True)
-
-
-def run(check: str, fn: Callable[[], Result]) -> None:
-    """One sub-check: ``fn`` returns (status, detail); an exception is a FAIL."""
-    try:
-        status, detail = fn()
-    except Exception as exc:  # every failure becomes a FAIL line
-        traceback.print_exc()
-        sys.stderr.flush()
-        status, detail = "FAIL", f"{type(exc).__name__}: {exc}"
-    emit(check, status, detail)
-
-
-def gpu_skip_reason() -> str | None:
-    """Why GPU checks cannot run here, or None when they can."""
-    if GPU_MODE == "0":
-        return "GPU checks disabled (REPRO_VERIFY_GPU=0)"
-    torch = importlib.import_module("torch")
-    if torch.cuda.is_available():
-        return None
-    if GPU_MODE == "1":
-        raise RuntimeError("REPRO_VERIFY_GPU=1 requires a GPU; torch.cuda.is_available() is False")
-    return "no CUDA device: torch.cuda.is_available() is False"
-
-
-def run_gpu(check: str, fn: Callable[[], Result]) -> None:
-    """A GPU sub-check: SKIP with the reason (never PASS) when there is no GPU."""
-    try:
-        reason = gpu_skip_reason()
-    except Exception as exc:
-        emit(check, "FAIL", f"{type(exc).__name__}: {exc}")
-        return
-    if reason is not None:
-        emit(check, "SKIP", reason)
-        return
-    run(check, fn)
-
-
-def rel_err(a: Any, b: Any) -> float:
-    """Norm-wise relative error ||a - b|| / ||b||, computed in float64."""
-    a64, b64 = a.detach().double(), b.detach().double()
-    return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
-
-
-def max_abs_err(a: Any, b: Any) -> float:
-    return float((a.detach().double() - b.detach().double()).abs().max())
-
-
-def verdict(ok: bool, detail: str) -> Result:
-    return ("PASS" if ok else "FAIL"), detail
-
-
-# --- end harness ---
-
+from _harness import Result, max_abs_err, rel_err, run, run_gpu, verdict  # first: see _harness.py
 
 # Read by TE when it is imported (utils._NVTE_FLASH_ATTN) and when it picks a backend.
 os.environ.update(NVTE_FLASH_ATTN="1", NVTE_FUSED_ATTN="0", NVTE_UNFUSED_ATTN="0")

@@ -468,6 +468,7 @@ def test_wrong_archs_and_bad_smoke_fail(
     smoke = tmp_path / "smoke"
     smoke.mkdir()
     shutil.copy(verify.SMOKE_DIR / "repro_cuda.py", smoke)
+    shutil.copy(verify.SMOKE_DIR / "_harness.py", smoke)
     (smoke / "slow.py").write_text("import time\nprint('starting', flush=True)\ntime.sleep(60)\n")
     (smoke / "silent.py").write_text("import os\nos.abort()\n")
     monkeypatch.setattr(verify, "SMOKE_DIR", smoke)

@@ -264,12 +264,7 @@ def test_parse_smoke_output_ignores_noise() -> None:
     assert verify.parse_smoke_output(text) == [("vadd", "PASS", "ok"), ("gpu", "SKIP", "no CUDA device")]
 
 
-def _harness_block(text: str) -> str:
-    return text[text.index("# --- harness") : text.index("# --- end harness ---")]
-
-
-def test_smoke_scripts_carry_the_reference_harness() -> None:
-    reference = _harness_block((SMOKE / "_harness.py").read_text())
+def test_smoke_scripts_share_the_harness_module() -> None:
     scripts = [p for p in SMOKE.glob("*.py") if not p.name.startswith("_")]
     assert {p.stem for p in scripts} >= {
         "repro_pure",
@@ -283,7 +278,7 @@ def test_smoke_scripts_carry_the_reference_harness() -> None:
         "apex",
     }
     for script in scripts:
-        assert _harness_block(script.read_text()) == reference, f"{script.name}: harness differs from _harness.py"
+        assert "from _harness import " in script.read_text(), f"{script.name} does not use _harness.py"
 
 
 GPU_SCRIPTS = ["repro_cuda", "transformer_engine", "flash_attn_3", "flash_attn", "grouped_gemm", "apex"]
@@ -294,6 +289,7 @@ def test_gpu_smoke_scripts_skip_when_gpu_is_off(name: str, tmp_path: Path) -> No
     # Copied under another name and run elsewhere, as the verify stage does.
     script = tmp_path / f"smoke_{name}.py"
     shutil.copyfile(SMOKE / f"{name}.py", script)
+    shutil.copyfile(SMOKE / "_harness.py", tmp_path / "_harness.py")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["REPRO_VERIFY_GPU"] = "0"
     done = subprocess.run(
