@@ -22,6 +22,7 @@ from tasks.errors import BuildError
 from tasks.lockfile import Package
 from tasks.sources import ensure_source
 from tasks.stage import stage_package
+from tasks.timeline import Outcome, Progress, Unit, parse_ninja_log
 from tasks.wheelnorm import DEFAULT_EPOCH, normalize_wheel
 
 #: Builds cannot reach the network: proxies point at a closed port on loopback.
@@ -84,7 +85,8 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
     jobs = ctx.jobs_for(pkg)
     stage_dir = (ctx.settings.builddir / "stage" / f"{pkg.name}-{key[:12]}").absolute()
     print(f"build {pkg.name} (key {key[:12]}, {jobs} jobs), log: {log}", flush=True)
-    started = time.monotonic()
+    started, wall_start = time.monotonic(), time.time()
+    progress = Progress(pkg.name, lambda line: print(line, flush=True))
     build_dir = stage_package(pkg, trees=trees, patches=ctx.patches(pkg), dest=stage_dir, log=log)
     try:
         with ctx.cache.staging(f"out-{pkg.name}") as out:
@@ -112,6 +114,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 log=log,
                 error=BuildError,
                 what=f"build of {pkg.name}",
+                on_line=progress.feed,
             )
             wheels = sorted(raw.glob("*.whl"))
             if len(wheels) != 1:
@@ -131,6 +134,17 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                     "jobs": jobs,
                 },
             )
+        ctx.record(
+            Outcome(
+                package=pkg.name,
+                status="built",
+                start=wall_start,
+                wall_s=seconds,
+                cpu_s=usage.cpu_seconds,
+                max_rss_mb=usage.max_rss_mb,
+                units=ninja_units(stage_dir, wall_start),
+            )
+        )
     finally:
         if os.environ.get("REPRO_KEEP_STAGE", "") in ("", "0"):
             rmtree(stage_dir)
@@ -140,3 +154,19 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
         flush=True,
     )
     return entry
+
+
+def ninja_units(tree: Path, build_start: float) -> list[Unit]:
+    """Translation units from every ``.ninja_log`` under ``tree``, in ms after ``build_start``.
+
+    A ninja log holds times relative to that ninja's own start; the file's
+    mtime (written when ninja finished) anchors them on the wall clock.
+    """
+    units: list[Unit] = []
+    for log in tree.rglob(".ninja_log"):
+        found = parse_ninja_log(log.read_text(errors="replace"))
+        if not found:
+            continue
+        offset = round((log.stat().st_mtime - build_start) * 1000) - max(u.end_ms for u in found)
+        units.extend(Unit(u.output, u.start_ms + offset, u.end_ms + offset) for u in found)
+    return sorted(units, key=lambda u: u.start_ms)

@@ -7,6 +7,7 @@ probed on first use, never while doit merely lists tasks.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -17,6 +18,7 @@ from tasks.cache import Cache
 from tasks.keys import action_key, key_document
 from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
 from tasks.settings import Settings, load_settings
+from tasks.timeline import Outcome
 from tasks.treehash import file_sha256
 
 
@@ -26,6 +28,8 @@ class Context:
     lock: Lock
     cache: Cache
     _keys: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def load(cls, doit_vars: dict[str, str] | None = None) -> Context:
@@ -79,6 +83,11 @@ class Context:
 
     def recipe_env(self, pkg: Package) -> dict[str, str]:
         return expand_env(dict(pkg.env), self.placeholder_values())
+
+    def record(self, outcome: Outcome) -> None:
+        """Remember what happened to a package in this run (builds may run in threads)."""
+        with self._lock:
+            self.outcomes[outcome.package] = outcome
 
     def jobs_for(self, pkg: Package) -> int:
         """Compiler jobs for one package: the budget, lowered to what memory allows."""

@@ -17,8 +17,8 @@ from typing import Any
 
 from tasks import gitsrc, pypi
 from tasks.archive import pack_tree, unpack
-from tasks.cache import Cache, rmtree, write_atomic
-from tasks.errors import FetchError, VerificationError
+from tasks.cache import Cache, write_atomic
+from tasks.errors import VerificationError
 from tasks.lockfile import Source
 from tasks.treehash import FileFilter, file_sha256, tree_sha256
 
@@ -163,11 +163,3 @@ def export_mirror(sources: list[Source], *, cache: Cache, mirror: Path) -> Itera
         index[src.name] = {"pin": src.pin(), "file": what}
         yield f"{src.name}: {what} ({dest.stat().st_size} bytes)"
     write_atomic(index_path, json.dumps(index, indent=2, sort_keys=True) + "\n")
-
-
-def check_mirror_entry(path: Path) -> None:
-    if not path.exists():
-        raise FetchError(f"mirror entry {path} is missing")
-
-
-__all__ = ["ensure_source", "export_mirror", "materialize", "rmtree"]

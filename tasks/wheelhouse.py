@@ -15,10 +15,11 @@ from typing import Any
 
 from filelock import FileLock
 
-from tasks import index
+from tasks import index, timeline
 from tasks.build import build_package
 from tasks.cache import rmtree, write_atomic
 from tasks.context import Context
+from tasks.timeline import Outcome
 from tasks.treehash import file_sha256
 
 
@@ -103,6 +104,11 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                 archs=ctx.lock.toolchain.archs,
             ),
         )
+    outcomes = [ctx.outcomes.get(p.name) or Outcome(package=p.name, status="cached") for p in ctx.packages]
+    trace = ctx.settings.builddir / "trace.json"
+    write_atomic(trace, timeline.trace_json(outcomes))
+    print(timeline.summary_table(outcomes), flush=True)
+    print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)
     for r in records:
         print(f"  {r.filename}  sha256:{r.sha256[:16]}…", flush=True)
     print(

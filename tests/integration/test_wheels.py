@@ -118,6 +118,12 @@ def test_full_example_lock_builds_installs_and_is_reused(workspace: Workspace, t
         check=True,
         env=pip_env,
     )
+    # The run's timeline: one row per package, translation units of the ninja-built torch extension.
+    trace = json.loads((ws.root / "build" / "trace.json").read_text())
+    rows = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert rows == {"repro_pure", "repro_pybind", "repro_cuda", "repro_torchext"}
+    assert any(e["cat"] == "compile" and e["name"].endswith(".o") for e in trace["traceEvents"] if e["ph"] == "X")
+    assert "repro_torchext  built" in res.stdout
     # doit verify on the wheelhouse: every check passes or, for the GPU ones here, is skipped.
     report = ws.doit("verify").stdout
     assert re.search(r"^\d+ passed, 0 failed, \d+ skipped$", report, flags=re.M), report

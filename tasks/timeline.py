@@ -1,0 +1,118 @@
+"""Build timeline and run summary: Chrome trace events, ninja logs, progress lines.
+
+Pure helpers (no doit, no subprocesses). The trace opens in Perfetto
+(ui.perfetto.dev) and chrome://tracing: one row per package build, and under
+it one span per translation unit taken from ninja's ``.ninja_log``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+_PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One ninja edge: its output and its start/end in ms after ninja started."""
+
+    output: str
+    start_ms: int
+    end_ms: int
+
+
+@dataclass
+class Outcome:
+    """What happened to one package in this run."""
+
+    package: str
+    status: str  # "built" or "cached"
+    start: float = 0.0  # time.time() at start
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    max_rss_mb: float = 0.0
+    units: list[Unit] = field(default_factory=list)
+    ninja_start: float = 0.0
+
+
+def parse_ninja_log(text: str) -> list[Unit]:
+    """Edges of a ``.ninja_log`` (format v5+: start, end, mtime, output, hash); the last entry of an output wins."""
+    units: dict[str, Unit] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split("\t")
+        if len(parts) < 4 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        units[parts[3]] = Unit(output=parts[3], start_ms=int(parts[0]), end_ms=int(parts[1]))
+    return sorted(units.values(), key=lambda u: (u.start_ms, u.output))
+
+
+def chrome_trace(outcomes: Iterable[Outcome]) -> dict[str, Any]:
+    """Trace-event JSON: one thread (row) per package, complete events ("ph": "X") in microseconds."""
+    outcomes = [o for o in outcomes if o.status == "built"]
+    t0 = min((o.start for o in outcomes), default=0.0)
+    events: list[dict[str, Any]] = []
+    for tid, o in enumerate(sorted(outcomes, key=lambda o: o.start), start=1):
+        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": o.package}})
+        events.append({
+            "ph": "X", "name": f"build {o.package}", "cat": "package", "pid": 1, "tid": tid,
+            "ts": round((o.start - t0) * 1e6), "dur": round(o.wall_s * 1e6),
+            "args": {"cpu_s": round(o.cpu_s, 1), "max_rss_mb": round(o.max_rss_mb)},
+        })  # fmt: skip
+        base = (o.ninja_start or o.start) - t0
+        for u in o.units:
+            events.append({
+                "ph": "X", "name": u.output.rsplit("/", 1)[-1], "cat": "compile", "pid": 1, "tid": tid,
+                "ts": round(base * 1e6 + u.start_ms * 1e3), "dur": max(1, (u.end_ms - u.start_ms) * 1000),
+                "args": {"output": u.output},
+            })  # fmt: skip
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def summary_table(outcomes: Iterable[Outcome]) -> str:
+    rows = [("package", "result", "wall s", "CPU s", "largest process MB", "units")]
+    for o in sorted(outcomes, key=lambda o: o.package):
+        if o.status == "built":
+            rows.append(
+                (o.package, "built", f"{o.wall_s:.1f}", f"{o.cpu_s:.0f}", f"{o.max_rss_mb:.0f}", str(len(o.units)))
+            )
+        else:
+            rows.append((o.package, "cached", "-", "-", "-", "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def trace_json(outcomes: Iterable[Outcome]) -> str:
+    return json.dumps(chrome_trace(outcomes), indent=1) + "\n"
+
+
+class Progress:
+    """Turns ninja's ``[N/M]`` lines into at most one console line per ``every`` seconds."""
+
+    def __init__(self, package: str, emit: Callable[[str], None], every: float = 15.0) -> None:
+        self.package = package
+        self.emit = emit
+        self.every = every
+        self.started = time.monotonic()
+        self.last = self.started
+        self.done = self.total = 0
+
+    def feed(self, line: str) -> None:
+        m = _PROGRESS.match(line)
+        if m:
+            self.done, self.total = int(m.group(1)), int(m.group(2))
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            self.emit(self.line(now))
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = int((now or time.monotonic()) - self.started)
+        units = f"{self.done}/{self.total} units, " if self.total else ""
+        return f"  {self.package}: {units}{elapsed // 60}m{elapsed % 60:02d}s"

@@ -1,0 +1,53 @@
+"""Build timeline: ninja logs, Chrome trace events, summary, progress throttling."""
+
+from __future__ import annotations
+
+from tasks.timeline import Outcome, Progress, Unit, chrome_trace, parse_ninja_log, summary_table
+
+NINJA_LOG = """# ninja log v5
+0\t1500\t0\tbuild/a.o\tdeadbeef
+10\t2500\t0\tbuild/b.o\tcafebabe
+0\t900\t0\tbuild/a.o\tdeadbeef
+garbage line
+"""
+
+
+def test_parse_ninja_log_keeps_the_last_entry_of_each_output() -> None:
+    assert parse_ninja_log(NINJA_LOG) == [Unit("build/a.o", 0, 900), Unit("build/b.o", 10, 2500)]
+
+
+def test_chrome_trace_has_a_row_per_package_and_spans_per_unit() -> None:
+    built = Outcome(
+        package="te",
+        status="built",
+        start=100.0,
+        wall_s=3.0,
+        cpu_s=5.0,
+        max_rss_mb=10,
+        units=[Unit("x/a.o", 200, 1200)],
+    )
+    later = Outcome(package="fa3", status="built", start=101.0, wall_s=1.0)
+    cached = Outcome(package="apex", status="cached")
+    trace = chrome_trace([built, later, cached])
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert names == {"te", "fa3"}
+    te = next(e for e in spans if e["name"] == "build te")
+    assert (te["ts"], te["dur"], te["tid"]) == (0, 3_000_000, 1)
+    unit = next(e for e in spans if e["name"] == "a.o")
+    assert (unit["ts"], unit["dur"], unit["tid"]) == (200_000, 1_000_000, 1)
+    assert next(e for e in spans if e["name"] == "build fa3")["ts"] == 1_000_000
+    table = summary_table([built, cached])
+    assert "apex" in table and "cached" in table and "te" in table and "built" in table
+
+
+def test_progress_reports_ninja_counts_at_most_every_interval() -> None:
+    lines: list[str] = []
+    p = Progress("te", lines.append, every=3600)
+    p.feed("[3/10] Building CUDA object a.o")
+    p.feed("noise")
+    assert lines == []
+    assert p.line().startswith("  te: 3/10 units, 0m0")
+    fast = Progress("te", lines.append, every=0)
+    fast.feed("[1/2] x")
+    assert lines and "1/2 units" in lines[0]
