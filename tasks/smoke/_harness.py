@@ -79,3 +79,13 @@ def max_abs_err(a: Any, b: Any) -> float:
 
 def verdict(ok: bool, detail: str) -> Result:
     return ("PASS" if ok else "FAIL"), detail
+
+
+def sdpa_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, list[Any]]:
+    """float32 SDPA (math backend, no TF32) on (b, s, h, d) inputs; returns out and leaves."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    leaves = [t.detach().float().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
+    attention = importlib.import_module("torch.nn.attention")
+    with attention.sdpa_kernel(attention.SDPBackend.MATH):
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return out.transpose(1, 2), leaves

@@ -14,21 +14,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from _harness import Result, max_abs_err, rel_err, run_gpu, verdict  # first: see _harness.py
+from _harness import Result, max_abs_err, rel_err, run_gpu, sdpa_reference, verdict  # first: see _harness.py
 
 BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 512, 8, 128
 FWD_MAX_ABS = 2e-2
 GRAD_REL = 5e-2
-
-
-def reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, list[Any]]:
-    """float32 SDPA (math backend, no TF32) on (b, s, h, d) inputs; returns out and leaves."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    leaves = [t.detach().float().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
-    attention = importlib.import_module("torch.nn.attention")
-    with attention.sdpa_kernel(attention.SDPBackend.MATH):
-        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
-    return out.transpose(1, 2), leaves
 
 
 def compare(torch: Any, func: Callable[..., Any], causal: bool) -> Result:
@@ -41,7 +31,7 @@ def compare(torch: Any, func: Callable[..., Any], causal: bool) -> Result:
     res = func(q, k, v, causal=causal)
     out = res[0] if isinstance(res, tuple) else res
     out.backward(dout)
-    ref, leaves = reference(torch, q, k, v, causal)
+    ref, leaves = sdpa_reference(torch, q, k, v, causal)
     ref.backward(dout.float())
     fwd = max_abs_err(out, ref)
     grads = {

@@ -25,7 +25,7 @@ import importlib
 import os
 from typing import Any
 
-from _harness import Result, max_abs_err, rel_err, run, run_gpu, verdict  # first: see _harness.py
+from _harness import Result, max_abs_err, rel_err, run, run_gpu, sdpa_reference, verdict  # first: see _harness.py
 
 # Read by TE when it is imported (utils._NVTE_FLASH_ATTN) and when it picks a backend.
 os.environ.update(NVTE_FLASH_ATTN="1", NVTE_FUSED_ATTN="0", NVTE_UNFUSED_ATTN="0")
@@ -112,16 +112,6 @@ def fa3_available() -> Result:
     return "PASS", f"TE sees flash-attn-3 {fa.fa3_version} (FlashAttentionUtils.v3_is_installed)"
 
 
-def reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, list[Any]]:
-    """float32 SDPA (math backend, no TF32) on (b, s, h, d) inputs; returns out and leaves."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    leaves = [t.detach().float().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
-    attention = importlib.import_module("torch.nn.attention")
-    with attention.sdpa_kernel(attention.SDPBackend.MATH):
-        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
-    return out.transpose(1, 2), leaves
-
-
 def dpa_fa3() -> Result:
     torch = importlib.import_module("torch")
     te = importlib.import_module("transformer_engine.pytorch")
@@ -150,7 +140,7 @@ def dpa_fa3() -> Result:
                 f"{backends.get('use_flash_attention')}, flash_attention_backend={chosen}"
             )
         out.backward(dout.reshape(out.shape))
-        ref, leaves = reference(torch, q, k, v, causal=mask == "causal")
+        ref, leaves = sdpa_reference(torch, q, k, v, causal=mask == "causal")
         ref.backward(dout.float())
         fwd = max_abs_err(out, ref.reshape(out.shape))
         grads = {
