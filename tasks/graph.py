@@ -25,6 +25,7 @@ from doit.exceptions import TaskFailed
 from tasks.cache import rmtree
 from tasks.context import Context
 from tasks.errors import LockError, ReproError, debug_enabled
+from tasks.lockfile import format_problems
 
 TaskDict = dict[str, Any]
 
@@ -57,8 +58,6 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _require_pins() -> None:
     ctx = context()
     if ctx.lock.unpinned:
-        from tasks.lockfile import format_problems
-
         raise LockError(format_problems(ctx.lock.path, list(ctx.lock.unpinned)) + "\nRun `doit lock` first.")
 
 

@@ -89,3 +89,36 @@ def sdpa_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[An
     with attention.sdpa_kernel(attention.SDPBackend.MATH):
         out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
     return out.transpose(1, 2), leaves
+
+
+# Attention comparisons (FA2, FA3): shape and bf16 tolerances.
+BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 512, 8, 128
+FWD_MAX_ABS = 2e-2
+GRAD_REL = 5e-2
+
+
+def compare_attention(torch: Any, func: Callable[..., Any], causal: bool) -> Result:
+    """bf16 attention ``func(q, k, v, causal=...)`` fwd+bwd vs fp32 SDPA, with the tolerances above."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (BATCH, SEQLEN, HEADS, HEAD_DIM)
+    q, k, v = (
+        torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_(True) for _ in range(3)
+    )
+    dout = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    res = func(q, k, v, causal=causal)
+    out = res[0] if isinstance(res, tuple) else res
+    out.backward(dout)
+    ref, leaves = sdpa_reference(torch, q, k, v, causal)
+    ref.backward(dout.float())
+    fwd = max_abs_err(out, ref)
+    grads = {
+        name: rel_err(t.grad, leaf.grad.transpose(1, 2))
+        for name, t, leaf in zip(("dq", "dk", "dv"), (q, k, v), leaves, strict=True)
+    }
+    ok = fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in grads.values())
+    detail = (
+        f"bf16 {shape}, causal={causal}: fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
+        + ", ".join(f"{n} rel={e:.1e}" for n, e in grads.items())
+        + f" (tol {GRAD_REL:g}) vs fp32 SDPA"
+    )
+    return verdict(ok, detail)

@@ -12,39 +12,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
 
-from _harness import Result, max_abs_err, rel_err, run_gpu, sdpa_reference, verdict  # first: see _harness.py
-
-BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 512, 8, 128
-FWD_MAX_ABS = 2e-2
-GRAD_REL = 5e-2
-
-
-def compare(torch: Any, func: Callable[..., Any], causal: bool) -> Result:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    shape = (BATCH, SEQLEN, HEADS, HEAD_DIM)
-    q, k, v = (
-        torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_(True) for _ in range(3)
-    )
-    dout = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
-    res = func(q, k, v, causal=causal)
-    out = res[0] if isinstance(res, tuple) else res
-    out.backward(dout)
-    ref, leaves = sdpa_reference(torch, q, k, v, causal)
-    ref.backward(dout.float())
-    fwd = max_abs_err(out, ref)
-    grads = {
-        name: rel_err(t.grad, leaf.grad.transpose(1, 2))
-        for name, t, leaf in zip(("dq", "dk", "dv"), (q, k, v), leaves, strict=True)
-    }
-    ok = fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in grads.values())
-    detail = (
-        f"bf16 {shape}, causal={causal}: fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
-        + ", ".join(f"{n} rel={e:.1e}" for n, e in grads.items())
-        + f" (tol {GRAD_REL:g}) vs fp32 SDPA"
-    )
-    return verdict(ok, detail)
+from _harness import (  # first: see _harness.py
+    Result,
+    compare_attention,
+    run_gpu,
+)
 
 
 def case(causal: bool) -> Callable[[], Result]:
@@ -54,7 +27,7 @@ def case(causal: bool) -> Callable[[], Result]:
         if (major, minor) != (9, 0):
             return "SKIP", f"FlashAttention 3 kernels need sm_90; this GPU is sm_{major}{minor}"
         iface = importlib.import_module("flash_attn_3.flash_attn_interface")
-        return compare(torch, iface.flash_attn_func, causal)
+        return compare_attention(torch, iface.flash_attn_func, causal)
 
     return check
 
