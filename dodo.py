@@ -17,6 +17,9 @@ DOIT_CONFIG = {
     "default_tasks": ["wheels"],
     "backend": "sqlite3",
     "dep_file": ".doit.db",
+    # Packages build in parallel; one jobserver (tasks/jobserver.py) caps
+    # their compiler jobs together, so more tasks than cores is safe.
+    "num_process": 8,
     "par_type": "thread",
     "verbosity": 2,
 }

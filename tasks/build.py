@@ -13,12 +13,14 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tasks import proc
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
+from tasks.jobserver import killed_for_memory
 from tasks.lockfile import Package
 from tasks.sources import ensure_source
 from tasks.stage import stage_package
@@ -82,6 +84,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
     log = ctx.settings.logs / f"build-{pkg.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"# build of {pkg.name}, action key {key}\n# key document: {json.dumps(doc, sort_keys=True)}\n")
+    server = ctx.jobserver()
     jobs = ctx.jobs_for(pkg)
     stage_dir = (ctx.settings.builddir / "stage" / f"{pkg.name}-{key[:12]}").absolute()
     print(f"build {pkg.name} (key {key[:12]}, {jobs} jobs), log: {log}", flush=True)
@@ -107,15 +110,15 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 *pkg.pip_args,
                 str(build_dir),
             ]
-            usage = proc.run(
-                cmd,
-                env=build_env(ctx, pkg, jobs),
-                cwd=build_dir,
-                log=log,
-                error=BuildError,
-                what=f"build of {pkg.name}",
-                on_line=progress.feed,
-            )
+            with server.slot(server.tokens_for(jobs)):
+                usage = run_build(
+                    cmd,
+                    env=server.env(build_env(ctx, pkg, jobs)),
+                    cwd=build_dir,
+                    log=log,
+                    pkg=pkg,
+                    on_line=progress.feed,
+                )
             wheels = sorted(raw.glob("*.whl"))
             if len(wheels) != 1:
                 raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
@@ -154,6 +157,23 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
         flush=True,
     )
     return entry
+
+
+def run_build(
+    cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, pkg: Package, on_line: Callable[[str], None]
+) -> proc.Usage:
+    """Run the build command; a compiler killed for memory is reported as that, not as a compile error."""
+    try:
+        return proc.run(cmd, env=env, cwd=cwd, log=log, error=BuildError, what=f"build of {pkg.name}", on_line=on_line)
+    except BuildError as exc:
+        line = killed_for_memory(log.read_text(errors="replace"))
+        if line is None:
+            raise
+        raise BuildError(
+            f"build of {pkg.name} ran out of memory: a compiler was killed ({line!r}).\n"
+            f"Its jobs need more than mem_per_job_gb = {pkg.mem_per_job_gb:g} GB each: raise mem_per_job_gb for "
+            f"{pkg.name} in the lock, or lower jobs= / mem= for this run.\n{exc}"
+        ) from None
 
 
 def ninja_units(tree: Path, build_start: float) -> list[Unit]:

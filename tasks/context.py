@@ -15,6 +15,8 @@ from typing import Any
 
 from tasks import toolchain
 from tasks.cache import Cache
+from tasks.errors import ReproError
+from tasks.jobserver import JobServer, plan_budget
 from tasks.keys import action_key, key_document
 from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
 from tasks.settings import Settings, load_settings
@@ -30,6 +32,7 @@ class Context:
     _keys: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _jobserver: JobServer | None = None
 
     @classmethod
     def load(cls, doit_vars: dict[str, str] | None = None) -> Context:
@@ -89,13 +92,48 @@ class Context:
         with self._lock:
             self.outcomes[outcome.package] = outcome
 
+    def jobserver(self) -> JobServer:
+        """The run's one job budget, sized on first use for the packages this run must build."""
+        with self._lock:
+            if self._jobserver is None:
+                building = [p for p in self.packages if not self._cached(p)]
+                mem = self.settings.mem_gb
+                source = "budget (mem=)"
+                if mem is None:
+                    mem, source = available_memory_gb(), "available"
+                budget = plan_budget(
+                    cores=os.cpu_count() or 1,
+                    mem_gb=mem,
+                    heaviest_gb=max((p.mem_per_job_gb for p in building), default=0.0),
+                    jobs=self.settings.jobs,
+                    mem_source=source,
+                )
+                self._jobserver = JobServer(
+                    budget.slots, self.settings.builddir.absolute() / "jobserver", search_path=os.environ["PATH"]
+                )
+                print(f"job budget: {budget.slots} ({budget.reason}); {self._jobserver.describe()}", flush=True)
+            return self._jobserver
+
+    def _cached(self, pkg: Package) -> bool:
+        try:
+            return self.cache.wheel_exists(self.key(pkg)[0])
+        except ReproError:
+            return False  # its own build task reports the problem
+
     def jobs_for(self, pkg: Package) -> int:
-        """Compiler jobs for one package: the budget, lowered to what memory allows."""
-        budget = self.settings.jobs or os.cpu_count() or 1
-        avail = available_memory_gb()
-        if avail is not None:
-            budget = min(budget, max(1, int(avail // pkg.mem_per_job_gb)))
-        return max(1, budget)
+        """Compiler jobs to announce to ``pkg``'s build (its ``jobs_env``, e.g. MAX_JOBS).
+
+        With a jobserver this is only an upper bound: the shared tokens decide.
+        Without one, it is the budget lowered to what memory allows this package.
+        """
+        server = self.jobserver()
+        if server.clients:
+            return server.slots
+        mem = self.settings.mem_gb or available_memory_gb()
+        jobs = server.slots
+        if mem is not None:
+            jobs = min(jobs, max(1, int(mem // pkg.mem_per_job_gb)))
+        return jobs
 
 
 def available_memory_gb() -> float | None:

@@ -32,6 +32,9 @@ TaskDict = dict[str, Any]
 
 @functools.cache
 def context() -> Context:
+    from tasks.proc import install_interrupt_handler
+
+    install_interrupt_handler()
     try:
         return Context.load()
     except ReproError as exc:

@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,42 @@ from pathlib import Path
 from tasks.errors import ReproError
 
 TAIL_LINES = 40
+
+#: Process groups started by run() and still running, for the interrupt handler.
+_live: set[subprocess.Popen[bytes]] = set()
+_live_lock = threading.Lock()
+_interrupted = threading.Event()
+
+
+def install_interrupt_handler() -> None:
+    """Make Ctrl-C (and TERM) stop every running command's process group, from any thread.
+
+    Builds run in doit's worker threads, where Python never delivers
+    KeyboardInterrupt; this handler (installed from the main thread) stops
+    their process groups first, then lets the interrupt proceed as before.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if getattr(previous, "_repro_handler", False):
+            continue
+
+        def handler(signum: int, frame: object, previous: object = previous) -> None:
+            _interrupted.set()
+            with _live_lock:
+                running = list(_live)
+            for p in running:
+                stop_group(p, grace=2.0)
+            if callable(previous):
+                previous(signum, frame)
+            elif signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            else:
+                raise SystemExit(128 + signum)
+
+        handler._repro_handler = True  # type: ignore[attr-defined]
+        signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)
@@ -92,6 +129,8 @@ def run(
             )
         except OSError as exc:
             raise error(f"{label}: cannot start {cmd[0]!r}: {exc.strerror}") from None
+        with _live_lock:
+            _live.add(proc)
         try:
             if on_line is not None:
                 assert proc.stdout is not None
@@ -106,6 +145,13 @@ def run(
             with log.open("ab") as again:
                 again.write(b"\n# interrupted: process group stopped\n")
             raise
+        finally:
+            with _live_lock:
+                _live.discard(proc)
+    if code != 0 and _interrupted.is_set():
+        with log.open("ab") as again:
+            again.write(b"\n# interrupted: process group stopped\n")
+        raise error(f"{label} interrupted; process group stopped. Full log: {log}")
     if code != 0:
         reason = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         if code == -signal.SIGKILL:

@@ -7,7 +7,8 @@ lock       REPRO_LOCK          lock file (default ``sources.lock``)
 profile    REPRO_PROFILE       profile of the lock (default ``default``)
 mirror     REPRO_MIRROR        read-only source mirror consulted before the network
 cache      REPRO_CACHE         cache directory (default ``$XDG_CACHE_HOME/reprostack``)
-jobs       REPRO_JOBS          compiler job budget (default: from cores and memory)
+jobs       REPRO_JOBS          compiler job budget for the whole run (default: cores, lowered for memory)
+mem        REPRO_MEM_GB        memory budget in GB for compiler jobs (default: MemAvailable)
 wheels     REPRO_WHEELS        wheelhouse directory (default ``wheels``)
 builddir   REPRO_BUILD_DIR     logs and staging trees (default ``build``)
 gpu        REPRO_GPU           ``auto`` or ``off``: GPU smoke tests in ``doit verify``
@@ -29,6 +30,7 @@ VARIABLES = {
     "mirror": ("REPRO_MIRROR", ""),
     "cache": ("REPRO_CACHE", ""),
     "jobs": ("REPRO_JOBS", ""),
+    "mem": ("REPRO_MEM_GB", ""),
     "wheels": ("REPRO_WHEELS", "wheels"),
     "builddir": ("REPRO_BUILD_DIR", "build"),
     "gpu": ("REPRO_GPU", "auto"),
@@ -48,6 +50,7 @@ class Settings:
     mirror: Path | None
     cache: Path
     jobs: int | None
+    mem_gb: float | None
     wheels: Path
     builddir: Path
     gpu: str
@@ -78,6 +81,15 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         if not jobs_raw.isdigit() or int(jobs_raw) < 1:
             raise ReproError(f"jobs={jobs_raw!r}: give a positive whole number of compiler jobs")
         jobs = int(jobs_raw)
+    mem_raw = _get("mem", doit_vars)
+    mem_gb: float | None = None
+    if mem_raw:
+        try:
+            mem_gb = float(mem_raw)
+        except ValueError:
+            mem_gb = -1.0
+        if not mem_gb > 0:
+            raise ReproError(f"mem={mem_raw!r}: give the memory budget in GB as a positive number, e.g. mem=96")
     gpu = _get("gpu", doit_vars)
     if gpu not in ("auto", "off"):
         raise ReproError(f"gpu={gpu!r}: use 'auto' or 'off'")
@@ -90,6 +102,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         mirror=Path(mirror).absolute() if mirror else None,
         cache=Path(cache).absolute() if cache else _default_cache(),
         jobs=jobs,
+        mem_gb=mem_gb,
         wheels=Path(_get("wheels", doit_vars)),
         builddir=Path(_get("builddir", doit_vars)),
         gpu=gpu,

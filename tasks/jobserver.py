@@ -1,0 +1,184 @@
+"""One compiler-job budget for every package build of a run: a GNU make jobserver.
+
+The run owns a named pipe (GNU make 4.4's ``--jobserver-auth=fifo:PATH``)
+holding one token per job slot, advertised to builds through ``MAKEFLAGS``.
+Each package build takes one token before it starts and returns it when it
+ends; that token pays for the build's first compiler job, as make's implicit
+slot does. ninja >= 1.13 is a jobserver client and takes a further token for
+each additional job, so the compilers of all packages together never exceed
+the budget, however many packages build at once.
+
+Upstream setup scripts pass ``-j N`` to ninja (torch's ``cpp_extension``
+from ``MAX_JOBS``, ``cmake --build --parallel``), and an explicit ``-j``
+makes ninja ignore the jobserver. A ``ninja`` shim first on ``PATH`` drops
+``-j`` while a jobserver is advertised and runs the real ninja.
+
+Without a jobserver-capable ninja a build takes as many tokens as it runs
+jobs (``MAX_JOBS``), so parallel builds still share one budget, coarsely.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import stat
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+#: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
+MIN_NINJA = (1, 13)
+
+_SHIM = """#!/bin/sh
+# reprostack: while a jobserver is advertised in MAKEFLAGS, drop -j so that
+# ninja takes its jobs from the jobserver (an explicit -j makes it ignore it).
+case "$MAKEFLAGS" in
+  *--jobserver-auth=*) ;;
+  *) exec {real} "$@" ;;
+esac
+skip=0
+for a do
+  shift
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  case "$a" in
+    -j) skip=1; continue ;;
+    -j*) continue ;;
+  esac
+  set -- "$@" "$a"
+done
+exec {real} "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many compiler jobs may run at once, and why."""
+
+    slots: int
+    reason: str
+
+
+def plan_budget(
+    *, cores: int, mem_gb: float | None, heaviest_gb: float, jobs: int | None, mem_source: str = "available"
+) -> Budget:
+    """The run's job budget: ``jobs`` (default: cores), lowered so that the heaviest
+    package's jobs fit in memory (``mem_gb`` / ``heaviest_gb`` per job)."""
+    slots = jobs or cores
+    reason = f"jobs={jobs}" if jobs else f"{cores} cores"
+    if mem_gb is not None and heaviest_gb > 0:
+        fit = max(1, int(mem_gb // heaviest_gb))
+        if fit < slots:
+            slots = fit
+            reason = f"{mem_gb:.0f} GB {mem_source} / {heaviest_gb:g} GB per job"
+    return Budget(slots=max(1, slots), reason=reason)
+
+
+def ninja_version(ninja: str) -> tuple[int, ...] | None:
+    try:
+        out = subprocess.run([ninja, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.match(r"(\d+)\.(\d+)", out.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+class JobServer:
+    """A fifo of ``slots`` tokens plus the ninja shim, alive for this process."""
+
+    def __init__(self, slots: int, directory: Path, *, search_path: str) -> None:
+        self.slots = slots
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.fifo = directory / f"jobserver-{os.getpid()}.fifo"
+        self.fifo.unlink(missing_ok=True)
+        os.mkfifo(self.fifo, 0o600)
+        # Read-write, so that the fifo never reports end-of-file to readers
+        # and writes never block while this process lives.
+        self._fd = os.open(self.fifo, os.O_RDWR)
+        os.write(self._fd, b"+" * slots)
+        self._gather = threading.Lock()
+        real = shutil.which("ninja", path=search_path)
+        version = ninja_version(real) if real else None
+        self.ninja = real
+        self.ninja_version = version
+        self.clients = version is not None and version >= MIN_NINJA
+        self.bin = directory / f"bin-{os.getpid()}"
+        if self.clients and real:
+            self.bin.mkdir(exist_ok=True)
+            shim = self.bin / "ninja"
+            shim.write_text(_SHIM.format(real=_sh_quote(os.path.abspath(real))))
+            shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        atexit.register(self.close)
+
+    def describe(self) -> str:
+        if self.clients:
+            return f"jobserver with {self.slots} slots shared by all builds (ninja {_fmt(self.ninja_version)})"
+        found = f"ninja {_fmt(self.ninja_version)}" if self.ninja_version else "no ninja"
+        return f"{self.slots} job slots; {found} on PATH cannot share them (needs >= 1.13): a build holds its MAX_JOBS"
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """``base`` with MAKEFLAGS advertising the jobserver and the shim first on PATH."""
+        if not self.clients:
+            return base
+        env = dict(base)
+        flags = [f for f in env.get("MAKEFLAGS", "").split() if not f.startswith(("-j", "--jobserver"))]
+        env["MAKEFLAGS"] = " ".join([f"-j{self.slots}", f"--jobserver-auth=fifo:{self.fifo}", *flags])
+        env.pop("MFLAGS", None)
+        env["PATH"] = os.pathsep.join([str(self.bin), env.get("PATH", "")])
+        return env
+
+    def tokens_for(self, jobs: int) -> int:
+        """Tokens a build of ``jobs`` compiler jobs holds while it runs."""
+        return 1 if self.clients else max(1, min(jobs, self.slots))
+
+    @contextmanager
+    def slot(self, count: int = 1) -> Iterator[None]:
+        """Hold ``count`` tokens (blocking until they are free) for the block's duration."""
+        taken = 0
+        try:
+            # One gatherer at a time, so two builds each holding part of
+            # what they need cannot wait on each other forever.
+            with self._gather:
+                while taken < count:
+                    taken += len(os.read(self._fd, count - taken))
+            yield
+        finally:
+            if taken:
+                os.write(self._fd, b"+" * taken)
+
+    def close(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self.fifo.unlink(missing_ok=True)
+        shutil.rmtree(self.bin, ignore_errors=True)
+
+
+def _fmt(version: tuple[int, ...] | None) -> str:
+    return ".".join(map(str, version)) if version else "?"
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+#: Lines compilers and build drivers print when the kernel's OOM killer or an
+#: exhausted address space stopped them (gcc, nvcc's cicc/ptxas, the C++ runtime).
+_OOM = re.compile(
+    r"died due to signal 9|Killed signal terminated program|internal compiler error: Killed"
+    r"|virtual memory exhausted|out of memory allocating|std::bad_alloc|Cannot allocate memory"
+)
+
+
+def killed_for_memory(log_text: str) -> str | None:
+    """The first line of ``log_text`` showing a compiler killed for memory, if any."""
+    for line in log_text.splitlines():
+        if _OOM.search(line):
+            return line.strip()
+    return None

@@ -1,0 +1,145 @@
+"""The run's job budget with real ninja processes: the jobserver caps all of them together."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from tasks.jobserver import JobServer, killed_for_memory, ninja_version
+
+JOB = textwrap.dedent(
+    """
+    import sys, time
+    start = time.time()
+    time.sleep(0.4)
+    with open(sys.argv[1], "w") as fh:
+        fh.write(f"{start} {time.time()}")
+    """
+)
+
+
+def _ninja_dir() -> str:
+    """The PATH entry of a ninja new enough to be a jobserver client (the venv's, from PyPI)."""
+    for path in (str(Path(sys.executable).parent), *os.environ.get("PATH", "").split(os.pathsep)):
+        found = shutil.which("ninja", path=path)
+        if found and (ninja_version(found) or (0,)) >= (1, 13):
+            return path
+    pytest.skip("no ninja >= 1.13 installed (pip install ninja==1.13.0)")
+
+
+def _project(root: Path, edges: int) -> Path:
+    root.mkdir(parents=True)
+    (root / "job.py").write_text(JOB)
+    lines = [f"rule job\n  command = {sys.executable} job.py $out\n"]
+    lines += [f"build t{i}.txt: job\n" for i in range(edges)]
+    (root / "build.ninja").write_text("".join(lines))
+    return root
+
+
+def _max_overlap(dirs: list[Path]) -> int:
+    events: list[tuple[float, int]] = []
+    for d in dirs:
+        for f in d.glob("t*.txt"):
+            start, end = map(float, f.read_text().split())
+            events += [(start, 1), (end, -1)]
+    running = peak = 0
+    for _t, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def _run_two(tmp_path: Path, env: dict[str, str], server: JobServer | None) -> list[Path]:
+    """Two ninja builds at once, each told ``-j 8`` the way setup scripts do."""
+    dirs = [_project(tmp_path / name, 8) for name in ("a", "b")]
+    errors: list[str] = []
+
+    def build(d: Path) -> None:
+        def go() -> None:
+            res = subprocess.run(["ninja", "-j", "8"], cwd=d, env=env, capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                errors.append(res.stdout + res.stderr)
+
+        if server is None:
+            go()
+        else:
+            with server.slot():
+                go()
+
+    threads = [threading.Thread(target=build, args=(d,)) for d in dirs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return dirs
+
+
+def test_two_ninjas_share_one_budget(tmp_path: Path) -> None:
+    path = os.pathsep.join([_ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(3, tmp_path / "js", search_path=path)
+    try:
+        assert server.clients, server.describe()
+        env = server.env({**os.environ, "PATH": path})
+        assert "--jobserver-auth=fifo:" in env["MAKEFLAGS"]
+        dirs = _run_two(tmp_path / "shared", env, server)
+        peak = _max_overlap(dirs)
+        assert 2 <= peak <= 3, f"{peak} jobs ran at once; the budget is 3"
+    finally:
+        server.close()
+    assert not server.fifo.exists()
+
+    # The same two builds without the jobserver run their own -j 8 each.
+    dirs = _run_two(tmp_path / "unshared", {**os.environ, "PATH": path}, None)
+    assert _max_overlap(dirs) > 3
+
+
+def test_slots_are_returned_after_a_failed_block(tmp_path: Path) -> None:
+    server = JobServer(2, tmp_path / "js", search_path=os.environ.get("PATH", ""))
+    try:
+        with pytest.raises(RuntimeError), server.slot(2):
+            raise RuntimeError("build failed")
+        with server.slot(2):  # would block forever if the tokens were lost
+            pass
+    finally:
+        server.close()
+
+
+def test_shim_passes_arguments_through_without_a_jobserver(tmp_path: Path) -> None:
+    path = os.pathsep.join([_ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(2, tmp_path / "js", search_path=path)
+    try:
+        project = _project(tmp_path / "p", 2)
+        env = {k: v for k, v in server.env({**os.environ, "PATH": path}).items() if k != "MAKEFLAGS"}
+        res = subprocess.run(
+            ["ninja", "-j", "1", "-n", "-C", str(project)], env=env, capture_output=True, text=True, check=False
+        )
+        assert res.returncode == 0, res.stderr
+        assert "[2/2]" in res.stdout
+    finally:
+        server.close()
+
+
+def test_compiler_out_of_memory_is_recognised(tmp_path: Path) -> None:
+    """g++ under a small address-space limit fails the way the OOM killer's victims report."""
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ is not installed")
+    src = tmp_path / "big.cpp"
+    src.write_text("#include <map>\n#include <string>\n#include <vector>\nint main() { return 0; }\n")
+    res = subprocess.run(
+        ["bash", "-c", f"ulimit -v 60000; {cxx} -c {src} -o {tmp_path / 'big.o'}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode != 0
+    assert killed_for_memory(res.stdout + res.stderr) is not None, res.stderr
+    assert killed_for_memory("error: expected ';' before '}' token") is None
