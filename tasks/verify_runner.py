@@ -151,6 +151,18 @@ def info(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _do_import(target: str) -> str:
+    if target not in sys.modules:
+        # A package may load its own extension under another name (TE loads
+        # transformer_engine/transformer_engine_torch*.so as the top-level
+        # transformer_engine_torch); importing the file a second time would
+        # register its pybind11 types twice and fail. That it loaded counts.
+        spec = importlib.util.find_spec(target)
+        origin = os.path.realpath(spec.origin) if spec is not None and spec.origin else ""
+        if origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            for name, loaded in list(sys.modules.items()):
+                path = getattr(loaded, "__file__", None)
+                if path and name != target and os.path.realpath(path) == origin:
+                    return f"{origin} (already loaded as {name})"
     module = importlib.import_module(target)
     return str(getattr(module, "__file__", "") or "")
 

@@ -106,9 +106,13 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         )
     outcomes = [ctx.outcomes.get(p.name) or Outcome(package=p.name, status="cached") for p in ctx.packages]
     trace = ctx.settings.builddir / "trace.json"
-    write_atomic(trace, timeline.trace_json(outcomes))
     print(timeline.summary_table(outcomes), flush=True)
-    print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)
+    if any(o.status == "built" for o in outcomes):
+        write_atomic(trace, timeline.trace_json(outcomes))
+        print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)
+    else:
+        # A run that only restored from the cache keeps the last build's timeline.
+        print(f"nothing built in this run; the last build's timeline stays in {trace}", flush=True)
     for r in records:
         print(f"  {r.filename}  sha256:{r.sha256[:16]}…", flush=True)
     print(

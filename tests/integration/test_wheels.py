@@ -135,6 +135,8 @@ def test_full_example_lock_builds_installs_and_is_reused(workspace: Workspace, t
     again = ws.doit("wheels")
     assert built_packages(again.stdout) == []
     assert manifest(ws) == doc
+    # A run that built nothing keeps the cold build's timeline.
+    assert json.loads((ws.root / "build" / "trace.json").read_text()) == trace
 
 
 def test_a_b_a_switch_rebuilds_nothing_the_second_time(quick_cache: Path, tmp_path: Path, server: object) -> None:

@@ -457,3 +457,49 @@ def test_loader_messages_match_the_parsers(libs: dict[str, Path], tmp_path: Path
     with pytest.raises(OSError) as undefined:
         ctypes.CDLL(str(sub / "user.so"))
     assert elfcheck.undefined_symbol(str(undefined.value)) in {"not_defined_anywhere", "_ZN3c1014does_not_existEi"}
+
+
+# ---------------------------------------------------- import of a module loaded under another name
+
+ALIASED_EXT = """
+#include <pybind11/pybind11.h>
+struct Thing { int v = 1; };
+PYBIND11_MODULE(_ext, m) { pybind11::class_<Thing>(m, "Thing").def(pybind11::init<>()); }
+"""
+
+ALIAS_THEN_CHECK = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("_ext", sys.argv[1])
+mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); sys.modules["_ext"] = mod
+if sys.argv[2] == "runner":
+    from tasks.verify_runner import _do_import
+    print(_do_import("pkg._ext"))
+else:
+    import pkg._ext
+"""
+
+
+def test_import_check_accepts_an_extension_loaded_under_another_name(tmp_path: Path) -> None:
+    """As TE loads transformer_engine_torch: a second import of the file would register its types twice."""
+    pybind11 = pytest.importorskip("pybind11")
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    src = tmp_path / "ext.cpp"
+    src.write_text(ALIASED_EXT)
+    so = tmp_path / "pkg" / f"_ext{sysconfig.get_config_var('EXT_SUFFIX')}"
+    inc = [f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+    subprocess.run([cxx, "-O0", "-shared", "-fPIC", "-std=c++17", *inc, str(src), "-o", str(so)], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+
+    def go(mode: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-c", ALIAS_THEN_CHECK, str(so), mode]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+
+    plain = go("plain")  # what a naive second import does
+    assert plain.returncode != 0 and "already registered" in plain.stderr, plain.stderr
+    checked = go("runner")
+    assert checked.returncode == 0, checked.stderr
+    assert "already loaded as _ext" in checked.stdout
