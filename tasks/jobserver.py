@@ -2,16 +2,16 @@
 
 The run owns a named pipe (GNU make 4.4's ``--jobserver-auth=fifo:PATH``)
 holding one token per job slot, advertised to builds through ``MAKEFLAGS``.
-Each package build takes one token before it starts and returns it when it
-ends; that token pays for the build's first compiler job, as make's implicit
-slot does. ninja >= 1.13 is a jobserver client and takes a further token for
-each additional job, so the compilers of all packages together never exceed
-the budget, however many packages build at once.
+ninja >= 1.13 is a jobserver client: each ninja run takes one token for its
+first job (in the shim below) and a further token for each additional job, so
+the compilers of all packages together never exceed the budget, however many
+packages, and ninja runs within a package, build at once.
 
 Upstream setup scripts pass ``-j N`` to ninja (torch's ``cpp_extension``
 from ``MAX_JOBS``, ``cmake --build --parallel``), and an explicit ``-j``
 makes ninja ignore the jobserver. A ``ninja`` shim first on ``PATH`` drops
-``-j`` while a jobserver is advertised and runs the real ninja.
+``-j`` while a jobserver is advertised, takes the token for ninja's first
+job, runs the real ninja and returns the token.
 
 Without a jobserver-capable ninja a build takes as many tokens as it runs
 jobs (``MAX_JOBS``), so parallel builds still share one budget, coarsely.
@@ -35,23 +35,36 @@ from pathlib import Path
 MIN_NINJA = (1, 13)
 
 _SHIM = """#!/bin/sh
-# reprostack: while a jobserver is advertised in MAKEFLAGS, drop -j so that
-# ninja takes its jobs from the jobserver (an explicit -j makes it ignore it).
+# reprostack: while a jobserver is advertised in MAKEFLAGS, run ninja as its
+# client. An explicit -j makes ninja ignore the jobserver, so it is dropped;
+# and ninja's first job (its implicit slot) is paid for with a token taken
+# here and returned when ninja ends, as make does for each sub-make, so that
+# several ninjas of one package (apex builds extensions in parallel) stay
+# within the budget too.
 case "$MAKEFLAGS" in
-  *--jobserver-auth=*) ;;
+  *--jobserver-auth=fifo:*) ;;
   *) exec {real} "$@" ;;
 esac
 skip=0
+query=0
 for a do
   shift
   if [ "$skip" = 1 ]; then skip=0; continue; fi
   case "$a" in
     -j) skip=1; continue ;;
     -j*) continue ;;
+    --version|-t|-n) query=1 ;;
   esac
   set -- "$@" "$a"
 done
-exec {real} "$@"
+[ "$query" = 1 ] && exec {real} "$@"
+fifo={fifo}
+token=$(dd if="$fifo" bs=1 count=1 2>/dev/null)
+trap 'printf %s "$token" > "$fifo"; exit 143' TERM INT HUP
+{real} "$@"
+status=$?
+printf %s "$token" > "$fifo"
+exit $status
 """
 
 
@@ -111,7 +124,7 @@ class JobServer:
         if self.clients and real:
             self.bin.mkdir(exist_ok=True)
             shim = self.bin / "ninja"
-            shim.write_text(_SHIM.format(real=_sh_quote(os.path.abspath(real))))
+            shim.write_text(_SHIM.format(real=_sh_quote(os.path.abspath(real)), fifo=_sh_quote(str(self.fifo))))
             shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         atexit.register(self.close)
 
@@ -133,8 +146,13 @@ class JobServer:
         return env
 
     def tokens_for(self, jobs: int) -> int:
-        """Tokens a build of ``jobs`` compiler jobs holds while it runs."""
-        return 1 if self.clients else max(1, min(jobs, self.slots))
+        """Tokens a build of ``jobs`` compiler jobs holds while it runs.
+
+        With ninja as a client, none: every ninja run takes its own (see the
+        shim), and the rest of a build (setup.py, cmake's configure, pip)
+        hardly uses a core. Without, as many as the build runs jobs.
+        """
+        return 0 if self.clients else max(1, min(jobs, self.slots))
 
     @contextmanager
     def slot(self, count: int = 1) -> Iterator[None]:
