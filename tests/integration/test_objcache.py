@@ -1,0 +1,54 @@
+"""The compile-object cache with real builds: hits across build trees, wheels unchanged."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from conftest import make_workspace
+
+from tasks.treehash import file_sha256
+
+
+def _objects(output: str, package: str) -> tuple[int, int]:
+    m = re.search(rf"^built {package} .*object cache (\d+) hits / (\d+) misses", output, flags=re.M)
+    assert m, output
+    return int(m.group(1)), int(m.group(2))
+
+
+def _wheel(cache: Path, package: str) -> Path:
+    (found,) = cache.glob(f"wheels/*/*/{package}-*.whl")
+    return found
+
+
+def test_object_cache_hits_across_trees_and_keeps_wheel_bytes(tmp_path: Path, server: object) -> None:
+    cache = tmp_path / "cache"
+    ws = make_workspace(tmp_path / "ws", cache, server.url)  # type: ignore[attr-defined]
+    # Same sources and flags under another action key: the build tree moves to another path.
+    moved_profile = '\n[profiles.moved]\n[profiles.moved.packages.repro_pybind.env]\nX_UNUSED = "1"\n'
+    ws.lock.write_text(ws.lock.read_text() + moved_profile)
+
+    off = ws.doit("build:repro_pybind", "objcache=off")
+    assert _objects(off.stdout, "repro_pybind") == (0, 0)
+    assert not (cache / "objects").exists()
+    uncached = file_sha256(_wheel(cache, "repro_pybind"))
+
+    shutil.rmtree(cache / "wheels")
+    cold = ws.doit("build:repro_pybind")
+    assert "object cache:" in cold.stdout
+    assert _objects(cold.stdout, "repro_pybind") == (0, 1)
+    assert file_sha256(_wheel(cache, "repro_pybind")) == uncached
+
+    shutil.rmtree(cache / "wheels")
+    moved = ws.doit("build:repro_pybind", "profile=moved")
+    assert _objects(moved.stdout, "repro_pybind") == (1, 0)
+    assert file_sha256(_wheel(cache, "repro_pybind")) == uncached
+
+
+def test_bad_object_cache_settings_are_refused(tmp_path: Path, server: object) -> None:
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)  # type: ignore[attr-defined]
+    res = ws.doit("build:repro_pure", "objcache=maybe", check=False)
+    assert res.returncode != 0 and "objcache='maybe': use 'on' or 'off'" in res.stderr
+    res = ws.doit("build:repro_pure", "objcache_size=lots", check=False)
+    assert res.returncode != 0 and "objcache_size='lots'" in res.stderr
