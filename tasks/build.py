@@ -13,9 +13,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from tasks import proc
+from tasks import proc, reproducible
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -64,6 +65,61 @@ def source_trees(ctx: Context, pkg: Package) -> dict[str, Path]:
     return trees
 
 
+def wheel_command(pkg: Package, out: str, build_dir: str, python: str = sys.executable) -> list[str]:
+    """The command that builds ``pkg``'s wheel from ``build_dir`` into ``out``."""
+    return [
+        python,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        "--no-index",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "-v",
+        "-w",
+        out,
+        *pkg.pip_args,
+        build_dir,
+    ]
+
+
+def compile_wheel(
+    ctx: Context,
+    pkg: Package,
+    *,
+    stage_dir: Path,
+    out: Path,
+    log: Path,
+    jobs: int,
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[Path, proc.Usage]:
+    """Stage ``pkg`` at ``stage_dir`` and build its normalised wheel into ``out``; the caller removes the stage.
+
+    The build sees the stage at its canonical path (see tasks/reproducible.py).
+    """
+    build_dir = stage_package(pkg, trees=source_trees(ctx, pkg), patches=ctx.patches(pkg), dest=stage_dir, log=log)
+    place = reproducible.placement(pkg.name, stage_dir)
+    raw = out / "raw"
+    cmd = wheel_command(pkg, str(raw), place.path(build_dir))
+    usage = proc.run(
+        place.command(cmd, build_dir),
+        env=reproducible.apply(build_env(ctx, pkg, jobs), place),
+        cwd=build_dir,
+        log=log,
+        error=BuildError,
+        what=f"build of {pkg.name}",
+        on_line=on_line,
+    )
+    wheels = sorted(raw.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
+    norm = out / wheels[0].name
+    normalize_wheel(wheels[0], norm, epoch=DEFAULT_EPOCH)
+    return norm, usage
+
+
 def build_package(ctx: Context, pkg: Package) -> WheelEntry:
     """The verified cache entry of ``pkg``'s wheel, built now if absent or corrupted."""
     key, doc = ctx.key(pkg)
@@ -78,7 +134,6 @@ def build_package(ctx: Context, pkg: Package) -> WheelEntry:
 
 
 def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> WheelEntry:
-    trees = source_trees(ctx, pkg)
     log = ctx.settings.logs / f"build-{pkg.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"# build of {pkg.name}, action key {key}\n# key document: {json.dumps(doc, sort_keys=True)}\n")
@@ -87,40 +142,11 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
     print(f"build {pkg.name} (key {key[:12]}, {jobs} jobs), log: {log}", flush=True)
     started, wall_start = time.monotonic(), time.time()
     progress = Progress(pkg.name, lambda line: print(line, flush=True))
-    build_dir = stage_package(pkg, trees=trees, patches=ctx.patches(pkg), dest=stage_dir, log=log)
     try:
         with ctx.cache.staging(f"out-{pkg.name}") as out:
-            raw = out / "raw"
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-build-isolation",
-                "--no-deps",
-                "--no-index",
-                "--no-cache-dir",
-                "--disable-pip-version-check",
-                "-v",
-                "-w",
-                str(raw),
-                *pkg.pip_args,
-                str(build_dir),
-            ]
-            usage = proc.run(
-                cmd,
-                env=build_env(ctx, pkg, jobs),
-                cwd=build_dir,
-                log=log,
-                error=BuildError,
-                what=f"build of {pkg.name}",
-                on_line=progress.feed,
+            norm, usage = compile_wheel(
+                ctx, pkg, stage_dir=stage_dir, out=out, log=log, jobs=jobs, on_line=progress.feed
             )
-            wheels = sorted(raw.glob("*.whl"))
-            if len(wheels) != 1:
-                raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
-            norm = out / wheels[0].name
-            normalize_wheel(wheels[0], norm, epoch=DEFAULT_EPOCH)
             seconds = round(time.monotonic() - started, 3)
             entry = ctx.cache.put_wheel(
                 key,

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tasks import toolchain
+from tasks import reproducible, toolchain
 from tasks.cache import Cache
 from tasks.keys import action_key, key_document
 from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
@@ -70,6 +70,7 @@ class Context:
                 toolchain=toolchain.fingerprint(info, extras=pkg.toolchain_extras, cuda=pkg.cuda),
                 archs=self.lock.toolchain.archs,
                 build_requires=requires,
+                reproducible=reproducible.key_section(reproducible.method()),
             )
             self._keys[pkg.name] = (action_key(doc), doc)
         return self._keys[pkg.name]

@@ -65,6 +65,7 @@ class Submodule:
     path: str
     url: str
     commit: str
+    license: str = ""  # SPDX license id or expression, for the SBOM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +86,7 @@ class Source:
     strip: int | None = None
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    license: str = ""  # SPDX license id or expression, for the SBOM
 
     def pin(self) -> dict[str, Any]:
         """The identifying fields of this source, for manifests and keys."""
@@ -254,6 +256,28 @@ def _is_sha256(v: Any) -> str | None:
     return None
 
 
+def _is_license(v: Any) -> str | None:
+    from cyclonedx import spdx  # the SPDX license list the SBOM is validated against
+
+    if not isinstance(v, str) or not v.strip():
+        return "must be an SPDX license id or expression such as 'Apache-2.0' or 'BSD-3-Clause AND MIT'"
+    tokens = [t for t in re.split(r"[\s()]+", v) if t]
+    unknown = [
+        t
+        for i, t in enumerate(tokens)
+        if t not in ("AND", "OR", "WITH")
+        and not (i > 0 and tokens[i - 1] == "WITH")
+        and not spdx.is_supported_id(t)
+    ]
+    if unknown:
+        fixed = [spdx.fixup_id(t) for t in unknown]
+        hint = f" (perhaps you meant {' '.join(repr(f) for f in fixed if f)}?)" if any(fixed) else ""
+        return f"has {', '.join(repr(t) for t in unknown)}, not SPDX license ids{hint} (see https://spdx.org/licenses/)"
+    if not spdx.is_expression(v):
+        return f"is not a valid SPDX license expression: {v!r} (write e.g. 'Apache-2.0 AND MIT')"
+    return None
+
+
 def _is_specifier(v: Any) -> str | None:
     if not isinstance(v, str):
         return "must be a version specifier string such as '>=3.11' or '==2.11.*'"
@@ -292,6 +316,7 @@ SOURCE_COMMON = {
     "strip": _Field(_is_int),
     "include": _Field(_is_str_list),
     "exclude": _Field(_is_str_list),
+    "license": _Field(_is_license),
 }
 SOURCE_FIELDS = {
     "git": SOURCE_COMMON
@@ -310,7 +335,11 @@ SOURCE_FIELDS = {
         "sha256": _Field(_is_sha256),
     },
 }
-SUBMODULE_FIELDS = {"url": _Field(_is_str, required=True), "commit": _Field(_is_sha1)}
+SUBMODULE_FIELDS = {
+    "url": _Field(_is_str, required=True),
+    "commit": _Field(_is_sha1),
+    "license": _Field(_is_license),
+}
 PACKAGE_FIELDS = {
     "source": _Field(_is_str, required=True),
     "overlays": _Field(_is_str_table),
@@ -496,7 +525,11 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
                         sw,
                         "missing 'commit' (run `doit lock` to take it from the superproject)",
                     )
-                subs.append(Submodule(path=sub_path, url=sub["url"], commit=sub.get("commit", "")))
+                subs.append(
+                    Submodule(
+                        path=sub_path, url=sub["url"], commit=sub.get("commit", ""), license=sub.get("license", "")
+                    )
+                )
         if kind == "git" and "commit" not in entry:
             if "ref" in entry:
                 p.unpinned(
@@ -539,6 +572,7 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
             strip=entry.get("strip"),
             include=tuple(entry.get("include", ())),
             exclude=tuple(entry.get("exclude", ())),
+            license=entry.get("license", ""),
         )
     return out
 
