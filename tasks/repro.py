@@ -37,6 +37,7 @@ from tasks.wheelhouse import is_current, read_manifest
 class Result:
     package: str
     filename: str
+    built: str  # the wheel in wheels/
     built_sha256: str
     rebuilt_sha256: str
     rebuilt_filename: str
@@ -54,7 +55,7 @@ class Result:
         lines = [f"{self.package:<20} {status:<10} {self.filename}  sha256 {self.built_sha256[:16]}…"]
         if self.identical:
             return lines
-        lines.append(f"    built:   sha256 {self.built_sha256}  {self.filename}")
+        lines.append(f"    built:   sha256 {self.built_sha256}  {self.built}")
         lines.append(f"    rebuilt: sha256 {self.rebuilt_sha256}  {self.kept}")
         lines.extend(f"    {line}" for line in self.differences.splitlines())
         if self.diffoscope:
@@ -149,6 +150,7 @@ def rebuild(ctx: Context, pkg: Package, filename: str, directory: Path) -> Resul
         result = Result(
             package=pkg.name,
             filename=filename,
+            built=str(built),
             built_sha256=file_sha256(built),
             rebuilt_sha256=file_sha256(wheel),
             rebuilt_filename=wheel.name,

@@ -229,7 +229,7 @@ def build_bom(
         deps = [source_comps[name] for name in pkg.source_names()]
         deps += [patch_comps[path] for path, _ in patches.get(rec.package, ())]
         wanted = ["python", "torch", "cc", "cxx", "cmake", "ninja"]
-        if rec.cuda:
+        if pkg.cuda:
             wanted.append("nvcc")
         if "cudnn" in pkg.toolchain_extras:
             wanted.append("cudnn")
