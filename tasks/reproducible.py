@@ -17,9 +17,10 @@ host code only (device line info then keeps the real path, which
 
 **Flags**, appended to what the recipe sets:
 
-- every link drops local symbols (``-Wl,--discard-all`` in ``LDFLAGS`` for gcc
-  and CMake links, ``-Xlinker=--discard-all`` in ``NVCC_APPEND_FLAGS`` for
-  links nvcc drives). nvcc compiles through temporary files named
+- every link drops local symbols (``-Xlinker --discard-all`` in ``LDFLAGS`` for
+  setuptools and CMake links, whether gcc or nvcc drives them, and
+  ``-Xlinker=--discard-all`` in ``NVCC_APPEND_FLAGS`` for links nvcc drives
+  on its own). nvcc compiles through temporary files named
   ``tmpxft_<process id>_...``; those names reach the linked object only as
   local symbols (the ``FILE`` symbol, static initialisers), so two builds of
   one source differ until they are dropped. Global and dynamic symbols stay,
@@ -150,7 +151,8 @@ def flags(maps: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
     return {
         "CFLAGS": cflags,
         "CXXFLAGS": cflags,
-        "LDFLAGS": [f"-Wl,{f}" for f in LINK_FLAGS],
+        # -Xlinker, not -Wl,: nvcc understands it too, where CMake or a script links with nvcc.
+        "LDFLAGS": [arg for f in LINK_FLAGS for arg in ("-Xlinker", f)],
         "NVCC_APPEND_FLAGS": [f"-Xcompiler={f}" for f in cflags] + [f"-Xlinker={f}" for f in LINK_FLAGS],
     }
 

@@ -31,7 +31,7 @@ def test_flags_come_after_the_recipes_own(tmp_path: Path) -> None:
     assert env["CFLAGS"].startswith("-O2 -g ")
     assert f"-ffile-prefix-map={stage}=/tmp/reprostack-build/pkg" in env["CFLAGS"].split()
     assert env["CXXFLAGS"].split()[-1] == f"-ffile-prefix-map={stage}=/tmp/reprostack-build/pkg"
-    assert env["LDFLAGS"] == "-Wl,--discard-all"
+    assert env["LDFLAGS"] == "-Xlinker --discard-all"  # understood by gcc and by nvcc
     nvcc = env["NVCC_APPEND_FLAGS"].split()
     assert nvcc[:2] == ["--threads", "2"] and nvcc[-1] == "-Xlinker=--discard-all"
     assert f"-Xcompiler=-ffile-prefix-map={stage}=/tmp/reprostack-build/pkg" in nvcc
