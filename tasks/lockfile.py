@@ -8,7 +8,9 @@ entry and the fix ("Perhaps you meant ...").
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
+import json
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -256,24 +258,66 @@ def _is_sha256(v: Any) -> str | None:
     return None
 
 
-def _is_license(v: Any) -> str | None:
-    from cyclonedx import spdx  # the SPDX license list the SBOM is validated against
+@functools.cache
+def spdx_ids() -> dict[str, str]:
+    """Lower-cased SPDX license and exception id -> its spelling.
 
+    The list cyclonedx-python-lib validates SBOMs against, read directly
+    (importing ``cyclonedx.spdx`` loads a large expression index, tens of
+    milliseconds on every doit start).
+    """
+    from cyclonedx.schema._res import SPDX_JSON  # package data of the pinned cyclonedx-python-lib
+
+    with open(SPDX_JSON) as fh:
+        return {i.lower(): i for i in json.load(fh)["enum"]}
+
+
+def _spdx_syntax(tokens: list[str]) -> bool:
+    """Whether ``tokens`` form ``term ((AND|OR) term)*``, term = ``id [WITH id]`` or a parenthesised expression."""
+    pos = 0
+
+    def term() -> bool:
+        nonlocal pos
+        if pos < len(tokens) and tokens[pos] == "(":
+            pos += 1
+            if not expression() or pos >= len(tokens) or tokens[pos] != ")":
+                return False
+            pos += 1
+            return True
+        if pos >= len(tokens) or tokens[pos] in ("AND", "OR", "WITH", "(", ")"):
+            return False
+        pos += 1
+        if pos < len(tokens) and tokens[pos] == "WITH":
+            pos += 1
+            if pos >= len(tokens) or tokens[pos] in ("AND", "OR", "WITH", "(", ")"):
+                return False
+            pos += 1
+        return True
+
+    def expression() -> bool:
+        nonlocal pos
+        if not term():
+            return False
+        while pos < len(tokens) and tokens[pos] in ("AND", "OR"):
+            pos += 1
+            if not term():
+                return False
+        return True
+
+    return expression() and pos == len(tokens)
+
+
+def _is_license(v: Any) -> str | None:
     if not isinstance(v, str) or not v.strip():
         return "must be an SPDX license id or expression such as 'Apache-2.0' or 'BSD-3-Clause AND MIT'"
-    tokens = [t for t in re.split(r"[\s()]+", v) if t]
-    unknown = [
-        t
-        for i, t in enumerate(tokens)
-        if t not in ("AND", "OR", "WITH")
-        and not (i > 0 and tokens[i - 1] == "WITH")
-        and not spdx.is_supported_id(t)
-    ]
+    tokens = re.findall(r"[()]|[^\s()]+", v)
+    known = spdx_ids()
+    unknown = [t for t in tokens if t not in ("AND", "OR", "WITH", "(", ")") and known.get(t.lower()) != t]
     if unknown:
-        fixed = [spdx.fixup_id(t) for t in unknown]
+        fixed = [known.get(t.lower(), "") for t in unknown]
         hint = f" (perhaps you meant {' '.join(repr(f) for f in fixed if f)}?)" if any(fixed) else ""
         return f"has {', '.join(repr(t) for t in unknown)}, not SPDX license ids{hint} (see https://spdx.org/licenses/)"
-    if not spdx.is_expression(v):
+    if not _spdx_syntax(tokens):
         return f"is not a valid SPDX license expression: {v!r} (write e.g. 'Apache-2.0 AND MIT')"
     return None
 

@@ -185,3 +185,25 @@ def test_real_and_example_locks_declare_every_license() -> None:
         for src in load_lock(path).sources.values():
             assert src.license, f"{path}: source {src.name} has no license"
             assert all(sub.license for sub in src.submodules), f"{path}: a submodule of {src.name} has no license"
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("(MIT OR Apache-2.0) AND BSD-3-Clause", True),
+        ("GPL-2.0-only WITH Classpath-exception-2.0", True),
+        ("(MIT", False),
+        ("MIT)", False),
+        ("MIT Apache-2.0", False),
+        ("MIT WITH", False),
+        ("AND", False),
+    ],
+)
+def test_license_expression_syntax(value: str, ok: bool) -> None:
+    doc = good_doc()
+    doc["sources"]["arch"]["license"] = value
+    if ok:
+        assert parse(doc).sources["arch"].license == value
+    else:
+        with pytest.raises(LockError, match="is not a valid SPDX license expression"):
+            parse(doc)
