@@ -2,7 +2,8 @@
 
 The build runs ``pip wheel --no-build-isolation --no-deps --no-index``
 against the current interpreter's toolchain, with the recipe's environment,
-in a fresh staged tree. Its full output goes to ``build/logs/build-<pkg>.log``.
+in a fresh staged tree that the build sees at a canonical path, with the
+flags and environment of tasks/reproducible.py. Its full output goes to ``build/logs/build-<pkg>.log``.
 The wheel is normalised and stored in the cache atomically; concurrent doit
 processes wanting the same key wait on a file lock and then reuse it.
 """

@@ -13,7 +13,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 
 from tasks import provenance, sbom, verify
 from tasks.index import WheelRecord
-from tasks.lockfile import Package, Source, Submodule
+from tasks.lockfile import Package, Source, Submodule, load_lock
 from tasks.treehash import file_sha256
 from tasks.wheelnorm import normalize_wheel
 
@@ -247,3 +247,36 @@ def test_tampered_wheel_fails_the_provenance_check(tmp_path: Path) -> None:
     assert "not an in-toto v1 SLSA provenance v1 statement" in provenance.check_statements(house, [whl.name])[0]
     path.unlink()
     assert "no provenance statement" in provenance.check_statements(house, [whl.name])[0]
+
+
+def test_sbom_of_the_real_lock_is_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    lock = load_lock(root / "sources.lock")
+    packages = lock.resolve("default")
+    records = [record(p.name, f"{p.name}-1.0-cp312-cp312-linux_x86_64.whl", "7" * 64) for p in packages]
+    patches = {
+        p.name: [(f"patches/{p.name}/{name}", file_sha256(lock.patch_path(p.name, name))) for name in p.patches]
+        for p in packages
+    }
+    bom = sbom.build_bom(
+        records=records,
+        packages=packages,
+        sources=lock.sources,
+        patches=patches,
+        fingerprint=FINGERPRINT,
+        nvcc_release="13.0",
+        lock="sources.lock",
+        lock_sha256=lock.sha256,
+        profile="default",
+        archs=lock.toolchain.archs,
+        tool_version="0.1.0",
+    )
+    text = sbom.render(bom)
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text, all_errors=True) is None
+    comps = {c["bom-ref"]: c for c in json.loads(text)["components"]}
+    te = comps["source:transformer-engine"]
+    assert te["licenses"][0]["license"]["id"] == "Apache-2.0"
+    assert te["components"][0]["name"] == "transformer-engine/3rdparty/cudnn-frontend"
+    assert te["components"][0]["licenses"][0]["license"]["id"] == "MIT"
+    assert comps["source:flash-attn-sdist"]["purl"] == "pkg:pypi/flash-attn@2.7.4.post1"
+    assert sum(1 for ref in comps if ref.startswith("patch:")) == sum(len(v) for v in patches.values())
