@@ -8,6 +8,7 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
     task_fetch,
     task_lock,
     task_mirror,
+    task_repro,
     task_stage,
     task_verify,
     task_wheels,

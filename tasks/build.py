@@ -2,7 +2,8 @@
 
 The build runs ``pip wheel --no-build-isolation --no-deps --no-index``
 against the current interpreter's toolchain, with the recipe's environment,
-in a fresh staged tree. Its full output goes to ``build/logs/build-<pkg>.log``.
+in a fresh staged tree that the build sees at a canonical path, with the
+flags and environment of tasks/reproducible.py. Its full output goes to ``build/logs/build-<pkg>.log``.
 The wheel is normalised and stored in the cache atomically; concurrent doit
 processes wanting the same key wait on a file lock and then reuse it.
 """
@@ -14,9 +15,10 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import objcache, proc
+from tasks import objcache, proc, reproducible
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -66,6 +68,74 @@ def source_trees(ctx: Context, pkg: Package) -> dict[str, Path]:
     return trees
 
 
+def wheel_command(pkg: Package, out: str, build_dir: str, python: str = sys.executable) -> list[str]:
+    """The command that builds ``pkg``'s wheel from ``build_dir`` into ``out``."""
+    return [
+        python,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        "--no-index",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "-v",
+        "-w",
+        out,
+        *pkg.pip_args,
+        build_dir,
+    ]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    wheel: Path
+    usage: proc.Usage
+    object_hits: int
+    object_misses: int
+
+
+def compile_wheel(
+    ctx: Context,
+    pkg: Package,
+    *,
+    stage_dir: Path,
+    out: Path,
+    log: Path,
+    jobs: int,
+    on_line: Callable[[str], None] | None = None,
+    object_cache: bool = True,
+) -> Compiled:
+    """Stage ``pkg`` at ``stage_dir`` and build its normalised wheel into ``out``; the caller removes the stage.
+
+    The build sees the stage at its canonical path (see tasks/reproducible.py),
+    takes its compiler jobs from the run's jobserver and, unless
+    ``object_cache`` is false (``doit repro`` must really recompile), reuses
+    objects from the compile-object cache.
+    """
+    build_dir = stage_package(pkg, trees=source_trees(ctx, pkg), patches=ctx.patches(pkg), dest=stage_dir, log=log)
+    place = reproducible.placement(pkg.name, stage_dir)
+    raw = out / "raw"
+    cmd = wheel_command(pkg, str(raw), place.path(build_dir))
+    server = ctx.jobserver()
+    env = server.env(reproducible.apply(build_env(ctx, pkg, jobs), place))
+    objects = ctx.objcache() if object_cache else None
+    stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
+    stats_log.unlink(missing_ok=True)
+    if objects is not None:
+        env = objects.env(env, base_dir=Path(place.path(stage_dir)).parent, stats_log=stats_log)
+    with server.slot(server.tokens_for(jobs)):
+        usage = run_build(place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, on_line=on_line)
+    hits, misses = objcache.stats(stats_log)
+    wheels = sorted(raw.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
+    norm = out / wheels[0].name
+    normalize_wheel(wheels[0], norm, epoch=DEFAULT_EPOCH)
+    return Compiled(wheel=norm, usage=usage, object_hits=hits, object_misses=misses)
+
+
 def build_package(ctx: Context, pkg: Package) -> WheelEntry:
     """The verified cache entry of ``pkg``'s wheel, built now if absent or corrupted."""
     key, doc = ctx.key(pkg)
@@ -80,50 +150,18 @@ def build_package(ctx: Context, pkg: Package) -> WheelEntry:
 
 
 def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> WheelEntry:
-    trees = source_trees(ctx, pkg)
     log = ctx.settings.logs / f"build-{pkg.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"# build of {pkg.name}, action key {key}\n# key document: {json.dumps(doc, sort_keys=True)}\n")
-    server = ctx.jobserver()
     jobs = ctx.jobs_for(pkg)
     stage_dir = (ctx.settings.builddir / "stage" / f"{pkg.name}-{key[:12]}").absolute()
     print(f"build {pkg.name} (key {key[:12]}, {jobs} jobs), log: {log}", flush=True)
     started, wall_start = time.monotonic(), time.time()
     progress = Progress(pkg.name, lambda line: print(line, flush=True))
-    build_dir = stage_package(pkg, trees=trees, patches=ctx.patches(pkg), dest=stage_dir, log=log)
     try:
         with ctx.cache.staging(f"out-{pkg.name}") as out:
-            raw = out / "raw"
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-build-isolation",
-                "--no-deps",
-                "--no-index",
-                "--no-cache-dir",
-                "--disable-pip-version-check",
-                "-v",
-                "-w",
-                str(raw),
-                *pkg.pip_args,
-                str(build_dir),
-            ]
-            env = server.env(build_env(ctx, pkg, jobs))
-            objects = ctx.objcache()
-            stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
-            stats_log.unlink(missing_ok=True)
-            if objects is not None:
-                env = objects.env(env, base_dir=stage_dir.parent, stats_log=stats_log)
-            with server.slot(server.tokens_for(jobs)):
-                usage = run_build(cmd, env=env, cwd=build_dir, log=log, pkg=pkg, on_line=progress.feed)
-            hits, misses = objcache.stats(stats_log)
-            wheels = sorted(raw.glob("*.whl"))
-            if len(wheels) != 1:
-                raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
-            norm = out / wheels[0].name
-            normalize_wheel(wheels[0], norm, epoch=DEFAULT_EPOCH)
+            built = compile_wheel(ctx, pkg, stage_dir=stage_dir, out=out, log=log, jobs=jobs, on_line=progress.feed)
+            norm, usage, hits, misses = built.wheel, built.usage, built.object_hits, built.object_misses
             seconds = round(time.monotonic() - started, 3)
             entry = ctx.cache.put_wheel(
                 key,
@@ -163,7 +201,13 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
 
 
 def run_build(
-    cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, pkg: Package, on_line: Callable[[str], None]
+    cmd: list[str],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    log: Path,
+    pkg: Package,
+    on_line: Callable[[str], None] | None = None,
 ) -> proc.Usage:
     """Run the build command; a compiler killed for memory is reported as that, not as a compile error."""
     try:

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tasks import objcache, toolchain
+from tasks import objcache, reproducible, toolchain
 from tasks.cache import Cache
 from tasks.errors import ReproError
 from tasks.jobserver import JobServer, plan_budget
@@ -75,6 +75,7 @@ class Context:
                 toolchain=toolchain.fingerprint(info, extras=pkg.toolchain_extras, cuda=pkg.cuda),
                 archs=self.lock.toolchain.archs,
                 build_requires=requires,
+                reproducible=reproducible.key_section(reproducible.method()),
             )
             self._keys[pkg.name] = (action_key(doc), doc)
         return self._keys[pkg.name]

@@ -5,8 +5,9 @@
     mirror          export the cached sources to mirror=DIR for air-gapped hosts
     stage:<pkg>     a patched tree under build/stage/ for inspection
     build:<pkg>     the package's wheel into the wheel cache, under its action key
-    wheels          wheels/ from the cache: wheels, manifest, simple/ index, requirements
+    wheels          wheels/ from the cache: wheels, manifest, simple/ index, requirements, SBOM, provenance
     verify          install the wheelhouse into a scratch venv and check it
+    repro           rebuild packages in a second directory and compare the wheels bit for bit
 
 Task creators only read the parsed lock; nothing here touches the network,
 git or a compiler while doit loads or lists tasks.
@@ -53,6 +54,26 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             if debug_enabled():
                 traceback.print_exc()
             return TaskFailed(f"{exc.__class__.__name__}: {exc}")
+        return None
+
+    return wrapper
+
+
+def exiting(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Like :func:`guarded`, but an expected failure ends doit with the error's own exit status.
+
+    (Under ``doit -n N`` doit's thread runner turns it into its own failure, status 1.)
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            fn(*args, **kwargs)
+        except ReproError as exc:
+            if debug_enabled():
+                traceback.print_exc()
+            print(f"{exc.__class__.__name__}: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(exc.exit_code) from None
         return None
 
     return wrapper
@@ -206,6 +227,15 @@ def _do_verify() -> None:
     )
 
 
+@exiting
+def _do_repro() -> None:
+    from tasks.repro import run_repro
+
+    _require_pins()
+    ctx = context()
+    run_repro(ctx, ctx.settings.pkgs)
+
+
 def _clean_wheels() -> None:
     rmtree(context().settings.wheels)
 
@@ -285,3 +315,8 @@ def task_wheels() -> TaskDict:
 def task_verify() -> TaskDict:
     """Install the wheelhouse into a scratch venv and check imports, linkage, archs, GPU smoke tests."""
     return {"actions": [_do_verify], "task_dep": ["wheels"], "uptodate": [False], "verbosity": 2}
+
+
+def task_repro() -> TaskDict:
+    """Rebuild packages (pkgs=a,b; default all) in a second directory and compare with wheels/ bit for bit."""
+    return {"actions": [_do_repro], "task_dep": ["wheels"], "uptodate": [False], "verbosity": 2}

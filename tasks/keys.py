@@ -13,7 +13,8 @@ from typing import Any
 from tasks.lockfile import Package, Source
 
 #: Bump when the build recipe's semantics change (new env, new normalisation, ...).
-RECIPE_FORMAT = 1
+#: 2: builds at a canonical path with reproducibility flags (tasks/reproducible.py).
+RECIPE_FORMAT = 2
 
 
 def canonical_json(doc: Any) -> bytes:
@@ -28,11 +29,13 @@ def key_document(
     toolchain: Mapping[str, Any],
     archs: Sequence[str],
     build_requires: Mapping[str, str],
+    reproducible: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The canonical document hashed into the action key.
 
     ``patches`` is the ordered list of (file name, sha256); ``build_requires``
-    maps each build requirement to its installed version.
+    maps each build requirement to its installed version; ``reproducible`` is
+    what every build gets for bit-for-bit output (``reproducible.key_section``).
     """
     jobs = set(pkg.jobs_env)
     return {
@@ -51,6 +54,7 @@ def key_document(
         },
         "toolchain": dict(toolchain),
         "archs": list(archs),
+        "reproducible": dict(reproducible or {}),
     }
 
 

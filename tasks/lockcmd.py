@@ -63,6 +63,8 @@ def _lock_git(src: Source, entry: Any, cache: Cache, log: Path, refresh: bool) -
         for sub in subs:
             inner = tomlkit.inline_table()
             inner.update({"url": sub.url, "commit": sub.commit})
+            if sub.license:
+                inner["license"] = sub.license
             table[sub.path] = inner
         entry["submodules"] = table
     return replace(src, commit=commit, submodules=tuple(subs))

@@ -8,7 +8,9 @@ entry and the fix ("Perhaps you meant ...").
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
+import json
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -65,6 +67,7 @@ class Submodule:
     path: str
     url: str
     commit: str
+    license: str = ""  # SPDX license id or expression, for the SBOM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +88,7 @@ class Source:
     strip: int | None = None
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    license: str = ""  # SPDX license id or expression, for the SBOM
 
     def pin(self) -> dict[str, Any]:
         """The identifying fields of this source, for manifests and keys."""
@@ -254,6 +258,70 @@ def _is_sha256(v: Any) -> str | None:
     return None
 
 
+@functools.cache
+def spdx_ids() -> dict[str, str]:
+    """Lower-cased SPDX license and exception id -> its spelling.
+
+    The list cyclonedx-python-lib validates SBOMs against, read directly
+    (importing ``cyclonedx.spdx`` loads a large expression index, tens of
+    milliseconds on every doit start).
+    """
+    from cyclonedx.schema._res import SPDX_JSON  # package data of the pinned cyclonedx-python-lib
+
+    with open(SPDX_JSON) as fh:
+        return {i.lower(): i for i in json.load(fh)["enum"]}
+
+
+def _spdx_syntax(tokens: list[str]) -> bool:
+    """Whether ``tokens`` form ``term ((AND|OR) term)*``, term = ``id [WITH id]`` or a parenthesised expression."""
+    pos = 0
+
+    def term() -> bool:
+        nonlocal pos
+        if pos < len(tokens) and tokens[pos] == "(":
+            pos += 1
+            if not expression() or pos >= len(tokens) or tokens[pos] != ")":
+                return False
+            pos += 1
+            return True
+        if pos >= len(tokens) or tokens[pos] in ("AND", "OR", "WITH", "(", ")"):
+            return False
+        pos += 1
+        if pos < len(tokens) and tokens[pos] == "WITH":
+            pos += 1
+            if pos >= len(tokens) or tokens[pos] in ("AND", "OR", "WITH", "(", ")"):
+                return False
+            pos += 1
+        return True
+
+    def expression() -> bool:
+        nonlocal pos
+        if not term():
+            return False
+        while pos < len(tokens) and tokens[pos] in ("AND", "OR"):
+            pos += 1
+            if not term():
+                return False
+        return True
+
+    return expression() and pos == len(tokens)
+
+
+def _is_license(v: Any) -> str | None:
+    if not isinstance(v, str) or not v.strip():
+        return "must be an SPDX license id or expression such as 'Apache-2.0' or 'BSD-3-Clause AND MIT'"
+    tokens = re.findall(r"[()]|[^\s()]+", v)
+    known = spdx_ids()
+    unknown = [t for t in tokens if t not in ("AND", "OR", "WITH", "(", ")") and known.get(t.lower()) != t]
+    if unknown:
+        fixed = [known.get(t.lower(), "") for t in unknown]
+        hint = f" (perhaps you meant {' '.join(repr(f) for f in fixed if f)}?)" if any(fixed) else ""
+        return f"has {', '.join(repr(t) for t in unknown)}, not SPDX license ids{hint} (see https://spdx.org/licenses/)"
+    if not _spdx_syntax(tokens):
+        return f"is not a valid SPDX license expression: {v!r} (write e.g. 'Apache-2.0 AND MIT')"
+    return None
+
+
 def _is_specifier(v: Any) -> str | None:
     if not isinstance(v, str):
         return "must be a version specifier string such as '>=3.11' or '==2.11.*'"
@@ -292,6 +360,7 @@ SOURCE_COMMON = {
     "strip": _Field(_is_int),
     "include": _Field(_is_str_list),
     "exclude": _Field(_is_str_list),
+    "license": _Field(_is_license),
 }
 SOURCE_FIELDS = {
     "git": SOURCE_COMMON
@@ -310,7 +379,11 @@ SOURCE_FIELDS = {
         "sha256": _Field(_is_sha256),
     },
 }
-SUBMODULE_FIELDS = {"url": _Field(_is_str, required=True), "commit": _Field(_is_sha1)}
+SUBMODULE_FIELDS = {
+    "url": _Field(_is_str, required=True),
+    "commit": _Field(_is_sha1),
+    "license": _Field(_is_license),
+}
 PACKAGE_FIELDS = {
     "source": _Field(_is_str, required=True),
     "overlays": _Field(_is_str_table),
@@ -496,7 +569,11 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
                         sw,
                         "missing 'commit' (run `doit lock` to take it from the superproject)",
                     )
-                subs.append(Submodule(path=sub_path, url=sub["url"], commit=sub.get("commit", "")))
+                subs.append(
+                    Submodule(
+                        path=sub_path, url=sub["url"], commit=sub.get("commit", ""), license=sub.get("license", "")
+                    )
+                )
         if kind == "git" and "commit" not in entry:
             if "ref" in entry:
                 p.unpinned(
@@ -539,6 +616,7 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
             strip=entry.get("strip"),
             include=tuple(entry.get("include", ())),
             exclude=tuple(entry.get("exclude", ())),
+            license=entry.get("license", ""),
         )
     return out
 

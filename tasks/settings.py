@@ -15,6 +15,7 @@ wheels     REPRO_WHEELS        wheelhouse directory (default ``wheels``)
 builddir   REPRO_BUILD_DIR     logs and staging trees (default ``build``)
 gpu        REPRO_GPU           ``auto`` or ``off``: GPU smoke tests in ``doit verify``
 update     REPRO_UPDATE        ``doit lock``: sources whose refs are re-resolved (``all`` or names)
+pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare (default: all)
 =========  ==================  ===============================================
 """
 
@@ -40,6 +41,7 @@ VARIABLES = {
     "builddir": ("REPRO_BUILD_DIR", "build"),
     "gpu": ("REPRO_GPU", "auto"),
     "update": ("REPRO_UPDATE", ""),
+    "pkgs": ("REPRO_PKGS", ""),
 }
 
 
@@ -62,6 +64,7 @@ class Settings:
     builddir: Path
     gpu: str
     update: tuple[str, ...]
+    pkgs: tuple[str, ...] = ()
 
     @property
     def logs(self) -> Path:
@@ -109,6 +112,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
     mirror = _get("mirror", doit_vars)
     cache = _get("cache", doit_vars)
     update = tuple(u for u in _get("update", doit_vars).replace(",", " ").split() if u)
+    pkgs = tuple(p for p in _get("pkgs", doit_vars).replace(",", " ").split() if p)
     return Settings(
         lock=Path(_get("lock", doit_vars)),
         profile=_get("profile", doit_vars) or "default",
@@ -122,6 +126,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         builddir=Path(_get("builddir", doit_vars)),
         gpu=gpu,
         update=update,
+        pkgs=pkgs,
     )
 
 

@@ -15,6 +15,10 @@ hash-pinned, torch from the base environment) and checks, per wheel:
 - ``smoke:*``: the package's smoke script from ``tasks/smoke/``, GPU parts
   skipped (never passed) where no GPU is present or ``gpu="off"``.
 
+Before installing, ``sha256`` checks each wheel against ``manifest.json`` and
+``provenance`` against the subject digest of its in-toto statement
+(``wheels/provenance/``).
+
 The result is a :class:`Report`, also written to ``report.json`` and
 ``report.txt`` in the work directory. ``run_verify`` raises
 :class:`~tasks.errors.VerifyFailed` when any check fails.
@@ -36,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-from tasks import elfcheck, proc
+from tasks import elfcheck, proc, provenance
 from tasks import proc as proc_mod
 from tasks.cache import write_atomic
 from tasks.errors import ReproError, VerifyFailed
@@ -630,6 +634,7 @@ def run_verify(wheel_dir: Path, work_dir: Path, **kwargs: Any) -> Report:
 def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> Iterator[Row]:
     house = "wheelhouse"
     yield _check_hashes(session.wheel_dir, manifest)
+    yield _check_provenance(session.wheel_dir, manifest)
 
     base = session.runner_info(session.python, [], log="base-python")
     if isinstance(base, Completed):
@@ -675,6 +680,24 @@ def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
         check="sha256",
         status="PASS",
         detail=f"{_n(len(manifest.wheels), 'wheel')}: sha256 as in manifest.json",
+    )
+
+
+def _check_provenance(wheel_dir: Path, manifest: Manifest) -> Row:
+    problems = provenance.check_statements(wheel_dir, [spec.filename for spec in manifest.wheels])
+    if problems:
+        return Row(
+            package="wheelhouse",
+            check="provenance",
+            status="FAIL",
+            detail="; ".join(problems)
+            + "; do not install these wheels: restore them with `doit clean wheels && doit wheels`",
+        )
+    return Row(
+        package="wheelhouse",
+        check="provenance",
+        status="PASS",
+        detail=f"{_n(len(manifest.wheels), 'wheel')}: sha256 as the subject of its in-toto statement",
     )
 
 

@@ -1,8 +1,10 @@
 """Stage 4: assemble ``wheels/`` from verified cache entries.
 
 ``wheels/`` holds the wheels of the current lock and profile only, plus
-``manifest.json``, a PEP 503 index under ``simple/`` and a hash-pinned
-``requirements.txt``. Every file is written atomically; stale wheels go.
+``manifest.json``, a PEP 503 index under ``simple/``, a hash-pinned
+``requirements.txt``, the CycloneDX SBOM ``sbom.cdx.json`` and one in-toto
+provenance statement per wheel under ``provenance/``. Every file is written
+atomically; stale wheels go.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from tasks import index, timeline
+from tasks import attest, index, provenance, timeline
 from tasks.build import build_package
 from tasks.cache import rmtree, write_atomic
 from tasks.context import Context
@@ -50,7 +52,8 @@ def is_current(ctx: Context) -> tuple[bool, str]:
         p = ctx.settings.wheels / w["filename"]
         if not p.is_file() or p.stat().st_size != w["size"]:
             return False, f"{w['filename']} missing or changed"
-    for extra in ("requirements.txt", "simple/index.html"):
+    statements = [f"{provenance.DIRECTORY}/{w['filename']}{provenance.SUFFIX}" for w in doc["wheels"]]
+    for extra in ("requirements.txt", "simple/index.html", attest.SBOM_FILE, *statements):
         if not (ctx.settings.wheels / extra).is_file():
             return False, f"{extra} missing"
     return True, "up to date"
@@ -93,6 +96,9 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         for rel, content in index.simple_index(records).items():
             write_atomic(out / "simple" / rel, content)
         write_atomic(out / "requirements.txt", index.requirements(records))
+        rmtree(out / provenance.DIRECTORY)
+        for rel, text in attest.files(ctx, records).items():
+            write_atomic(out / rel, text)
         # The manifest goes last: its presence means the wheelhouse is complete.
         write_atomic(
             out / "manifest.json",
@@ -116,7 +122,8 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
     for r in records:
         print(f"  {r.filename}  sha256:{r.sha256[:16]}…", flush=True)
     print(
-        f"wheelhouse {out}: {len(records)} wheel(s), manifest.json, requirements.txt, simple/",
+        f"wheelhouse {out}: {len(records)} wheel(s), manifest.json, requirements.txt, simple/, "
+        f"{attest.SBOM_FILE}, {provenance.DIRECTORY}/",
         flush=True,
     )
     return records

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import verify
+from tasks import provenance, verify
 from tasks.errors import VerifyFailed
 from tasks.verify import Report, Row
 
@@ -362,7 +362,7 @@ def wheelhouse(
     cuda: Iterable[str] = ("repro_cuda", "repro_ptx"),
     verify_: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Path:
-    """A wheelhouse as ``doit wheels`` writes it: wheels, manifest.json, requirements.txt."""
+    """A wheelhouse as ``doit wheels`` writes it: wheels, manifest.json, requirements.txt, provenance/."""
     dest.mkdir(parents=True)
     cuda_packages = set(cuda)
     entries: list[dict[str, object]] = []
@@ -388,6 +388,15 @@ def wheelhouse(
             }
         )
         requirements.append(f"{w.name}==0.1.0 --hash=sha256:{sha}")
+        statement = {
+            "_type": provenance.STATEMENT_TYPE,
+            "subject": [{"name": w.wheel.name, "digest": {"sha256": sha}}],
+            "predicateType": provenance.PREDICATE_TYPE,
+            "predicate": {},
+        }
+        path = provenance.statement_path(dest, w.wheel.name)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(statement))
     manifest = {
         "format": 1,
         "lock": "sources.lock",

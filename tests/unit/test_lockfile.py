@@ -155,3 +155,55 @@ def test_top_level_lock_validates() -> None:
     lock = load_lock(root / "sources.lock")
     assert {"transformer_engine", "flash_attn_3", "flash_attn", "apex", "grouped_gemm"} <= set(lock.packages)
     assert lock.toolchain.archs == ("sm_90a",)
+
+
+def test_licenses_are_spdx_ids_or_expressions() -> None:
+    doc = good_doc()
+    doc["sources"]["repo"]["license"] = "Apache-2.0"
+    doc["sources"]["repo"]["submodules"]["third_party/x"]["license"] = "MIT"
+    doc["sources"]["sdist"]["license"] = "BSD-3-Clause AND MIT"
+    lock = parse(doc)
+    assert lock.sources["repo"].license == "Apache-2.0"
+    assert lock.sources["repo"].submodules[0].license == "MIT"
+    assert lock.sources["sdist"].license == "BSD-3-Clause AND MIT"
+    assert lock.sources["arch"].license == ""  # optional
+    doc["sources"]["repo"]["submodules"]["third_party/x"]["license"] = "The MIT License"
+    doc["sources"]["sdist"]["license"] = "apache-2.0"
+    doc["sources"]["arch"]["license"] = "BSD-3-Clause AND"
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    msg = str(err.value)
+    assert "3 problems" in msg
+    assert "[sources.sdist] license has 'apache-2.0', not SPDX license ids (perhaps you meant 'Apache-2.0'?)" in msg
+    assert "[sources.arch] license is not a valid SPDX license expression: 'BSD-3-Clause AND'" in msg
+    assert "[sources.repo.submodules.third_party/x] license has 'The', 'License', not SPDX license ids" in msg
+
+
+def test_real_and_example_locks_declare_every_license() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for path in (root / "sources.lock", root / "examples" / "example.lock"):
+        for src in load_lock(path).sources.values():
+            assert src.license, f"{path}: source {src.name} has no license"
+            assert all(sub.license for sub in src.submodules), f"{path}: a submodule of {src.name} has no license"
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("(MIT OR Apache-2.0) AND BSD-3-Clause", True),
+        ("GPL-2.0-only WITH Classpath-exception-2.0", True),
+        ("(MIT", False),
+        ("MIT)", False),
+        ("MIT Apache-2.0", False),
+        ("MIT WITH", False),
+        ("AND", False),
+    ],
+)
+def test_license_expression_syntax(value: str, ok: bool) -> None:
+    doc = good_doc()
+    doc["sources"]["arch"]["license"] = value
+    if ok:
+        assert parse(doc).sources["arch"].license == value
+    else:
+        with pytest.raises(LockError, match="is not a valid SPDX license expression"):
+            parse(doc)

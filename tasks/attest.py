@@ -1,0 +1,91 @@
+"""The wheelhouse's attestations: the SBOM and one provenance statement per wheel.
+
+Gathers what :mod:`tasks.sbom` and :mod:`tasks.provenance` need from the run's
+context (lock, action key documents, toolchain) and returns the files to
+write, relative to ``wheels/``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from tasks import provenance, reproducible, toolchain
+from tasks.build import wheel_command
+from tasks.context import Context
+from tasks.index import WheelRecord
+from tasks.lockfile import Package
+
+#: Stands for the build's output directory in the recorded command.
+OUT_PLACEHOLDER = "<wheel output directory>"
+#: The SBOM, beside manifest.json.
+SBOM_FILE = "sbom.cdx.json"
+
+
+def tool_version() -> str:
+    try:
+        return importlib.metadata.version("reprostack")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def source_date() -> datetime | None:
+    raw = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return datetime.fromtimestamp(int(raw), tz=UTC) if raw.isdigit() else None
+
+
+def patch_files(ctx: Context, pkg: Package) -> list[tuple[str, str]]:
+    """(path relative to the lock's directory, sha256) of each patch of ``pkg``, in order."""
+    _key, doc = ctx.key(pkg)
+    digests = [p["sha256"] for p in doc["patches"]]
+    paths = [os.path.relpath(path, ctx.lock.path.parent) for _name, path in ctx.patches(pkg)]
+    return list(zip(paths, digests, strict=True))
+
+
+def files(ctx: Context, records: Sequence[WheelRecord]) -> dict[str, str]:
+    """``wheels/``-relative path -> content of the SBOM and the provenance statements."""
+    from tasks import sbom  # cyclonedx takes a while to import: only when writing
+
+    by_name = {p.name: p for p in ctx.packages}
+    patches = {pkg.name: patch_files(ctx, pkg) for pkg in ctx.packages}
+    out: dict[str, str] = {}
+    for rec in records:
+        pkg = by_name[rec.package]
+        key, doc = ctx.key(pkg)
+        workdir = str(reproducible.canonical_dir(pkg.name) / pkg.subdir)
+        statement = provenance.statement(
+            filename=rec.filename,
+            sha256=rec.sha256,
+            pkg=pkg,
+            key=key,
+            key_document=doc,
+            sources=ctx.lock.sources,
+            patches=patches[pkg.name],
+            command=wheel_command(pkg, OUT_PLACEHOLDER, workdir, python="python"),
+            workdir=workdir,
+            lock=str(ctx.lock.path),
+            lock_sha256=ctx.lock.sha256,
+            profile=ctx.settings.profile,
+            builder_version=tool_version(),
+        )
+        out[f"{provenance.DIRECTORY}/{rec.filename}{provenance.SUFFIX}"] = provenance.render(statement)
+    used = {name for pkg in ctx.packages for name in pkg.source_names()}
+    extras = sorted({e for pkg in ctx.packages for e in pkg.toolchain_extras})
+    bom = sbom.build_bom(
+        records=records,
+        packages=ctx.packages,
+        sources={name: src for name, src in ctx.lock.sources.items() if name in used},
+        patches=patches,
+        fingerprint=toolchain.fingerprint(ctx.toolchain, extras=extras, cuda=any(p.cuda for p in ctx.packages)),
+        nvcc_release=toolchain.nvcc_release(ctx.toolchain),
+        lock=str(ctx.lock.path),
+        lock_sha256=ctx.lock.sha256,
+        profile=ctx.settings.profile,
+        archs=ctx.lock.toolchain.archs,
+        tool_version=tool_version(),
+        timestamp=source_date(),
+    )
+    out[SBOM_FILE] = sbom.render(bom)
+    return out

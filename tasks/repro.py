@@ -1,0 +1,209 @@
+"""``doit repro``: rebuild packages elsewhere, later, and prove the wheels are bit-for-bit the same.
+
+Each chosen package is staged again from the verified sources into a second,
+differently named directory (``build/repro/<pkg>-rebuild`` instead of
+``build/stage/<pkg>-<key>``), built again with the same recipe, bypassing the
+wheel cache, and its normalised wheel compared by sha256 with the one in
+``wheels/``. Where they differ, the rebuilt wheel is kept under
+``build/repro/wheels/`` and the report says which members differ and how
+(sizes, hashes, ELF sections, strings only one side has, a diff of text
+files), plus diffoscope's full report where diffoscope is installed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from tasks import proc
+from tasks.build import compile_wheel
+from tasks.cache import rmtree, warn, write_atomic
+from tasks.context import Context
+from tasks.errors import ReproError, ReproMismatch
+from tasks.lockfile import Package
+from tasks.timeline import Progress
+from tasks.treehash import file_sha256
+from tasks.wheeldiff import compare_wheels
+from tasks.wheelhouse import is_current, read_manifest
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result:
+    package: str
+    filename: str
+    built: str  # the wheel in wheels/
+    built_sha256: str
+    rebuilt_sha256: str
+    rebuilt_filename: str
+    seconds: float
+    differences: str = ""
+    kept: str = ""  # the rebuilt wheel, kept when it differs
+    diffoscope: str = ""  # diffoscope's text report, when diffoscope ran
+
+    @property
+    def identical(self) -> bool:
+        return self.built_sha256 == self.rebuilt_sha256 and self.filename == self.rebuilt_filename
+
+    def render(self) -> list[str]:
+        status = "identical" if self.identical else "DIFFERENT"
+        lines = [f"{self.package:<20} {status:<10} {self.filename}  sha256 {self.built_sha256[:16]}…"]
+        if self.identical:
+            return lines
+        lines.append(f"    built:   sha256 {self.built_sha256}  {self.built}")
+        lines.append(f"    rebuilt: sha256 {self.rebuilt_sha256}  {self.kept}")
+        lines.extend(f"    {line}" for line in self.differences.splitlines())
+        if self.diffoscope:
+            lines.append(f"    diffoscope: {self.diffoscope}")
+        return lines
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    results: tuple[Result, ...]
+    wheels: str
+    directory: str
+
+    @property
+    def ok(self) -> bool:
+        return all(r.identical for r in self.results)
+
+    def summary(self) -> str:
+        same = sum(r.identical for r in self.results)
+        return f"{same} of {len(self.results)} wheel(s) identical"
+
+    def render(self) -> str:
+        lines = [f"doit repro: rebuilt in {self.directory}/<pkg>-rebuild and compared with {self.wheels}/"]
+        for result in self.results:
+            lines.extend(result.render())
+        lines.append(self.summary())
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> str:
+        doc = {
+            "ok": self.ok,
+            "wheels": self.wheels,
+            "results": [dict(asdict(r), identical=r.identical) for r in self.results],
+        }
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def select(packages: Sequence[Package], names: Sequence[str]) -> list[Package]:
+    """The packages named (all when none is), in lock order; unknown names are an error."""
+    known = {p.name: p for p in packages}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+            hints.append(f"{name!r}" + (f" (perhaps you meant {close[0]!r}?)" if close else ""))
+        raise ReproError(
+            f"pkgs=: unknown package(s) {', '.join(hints)}; packages of this lock and profile: {', '.join(known)}"
+        )
+    chosen = set(names)
+    return [p for p in packages if not chosen or p.name in chosen]
+
+
+def diffoscope(built: Path, rebuilt: Path, dest: Path, log: Path) -> Path | None:
+    """diffoscope's text report of two wheels at ``dest``, where diffoscope is installed."""
+    if shutil.which("diffoscope") is None:
+        return None
+    # diffoscope exits 1 when it found differences: that is its result, not a failure.
+    script = 'diffoscope --text "$1" "$2" "$3"; test $? -le 1'
+    try:
+        proc.run(
+            ["sh", "-c", script, "diffoscope", str(dest), str(built), str(rebuilt)],
+            env=dict(os.environ),
+            log=log,
+            error=ReproError,
+            what="diffoscope",
+        )
+    except ReproError as exc:
+        warn(f"diffoscope could not compare the wheels, the built-in comparison stands: {exc}")
+        return None
+    return dest
+
+
+def rebuild(ctx: Context, pkg: Package, filename: str, directory: Path) -> Result:
+    """Build ``pkg`` again under ``directory`` and compare it with ``wheels/<filename>``."""
+    built = ctx.settings.wheels / filename
+    stage = directory / f"{pkg.name}-rebuild"
+    log = ctx.settings.logs / f"repro-{pkg.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"# rebuild of {pkg.name} for doit repro, compared with {built}\n")
+    print(f"rebuild {pkg.name} in {stage}, log: {log}", flush=True)
+    started = time.monotonic()
+    progress = Progress(pkg.name, lambda line: print(line, flush=True))
+    with ctx.cache.staging(f"repro-{pkg.name}") as out:
+        try:
+            # The object cache stays out: a hit would hand back the first build's objects.
+            wheel = compile_wheel(
+                ctx,
+                pkg,
+                stage_dir=stage,
+                out=out,
+                log=log,
+                jobs=ctx.jobs_for(pkg),
+                on_line=progress.feed,
+                object_cache=False,
+            ).wheel
+        finally:
+            if os.environ.get("REPRO_KEEP_STAGE", "") in ("", "0"):
+                rmtree(stage)
+        result = Result(
+            package=pkg.name,
+            filename=filename,
+            built=str(built),
+            built_sha256=file_sha256(built),
+            rebuilt_sha256=file_sha256(wheel),
+            rebuilt_filename=wheel.name,
+            seconds=round(time.monotonic() - started, 1),
+        )
+        if result.identical:
+            return result
+        kept = directory / "wheels" / wheel.name
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(wheel, kept)
+    if wheel.name != filename:
+        differences = f"the rebuild is named {wheel.name}, not {filename}"
+    else:
+        differences = compare_wheels(built, kept).render()
+    report = diffoscope(built, kept, directory / f"{pkg.name}.diffoscope.txt", log)
+    return replace(result, differences=differences, kept=str(kept), diffoscope=str(report or ""))
+
+
+def run_repro(ctx: Context, names: Sequence[str] = ()) -> Report:
+    """Rebuild the chosen packages and compare; raise :class:`ReproMismatch` when any wheel differs."""
+    wheels = ctx.settings.wheels
+    current, why = is_current(ctx)
+    if not current:
+        raise ReproError(
+            f"{wheels}/ does not match the lock ({why}); run `doit wheels` first, doit repro compares with it"
+        )
+    doc = read_manifest(wheels)
+    assert doc is not None  # is_current read it
+    filenames = {w["package"]: w["filename"] for w in doc["wheels"]}
+    chosen = select(ctx.packages, names)
+    directory = (ctx.settings.builddir / "repro").absolute()
+    rmtree(directory)
+    directory.mkdir(parents=True)
+    results = tuple(rebuild(ctx, pkg, filenames[pkg.name], directory) for pkg in chosen)
+    report = Report(results=results, wheels=str(wheels), directory=str(directory))
+    write_atomic(directory / "report.txt", report.render())
+    write_atomic(directory / "report.json", report.to_json())
+    print(report.render(), end="", flush=True)
+    if not report.ok:
+        differ = ", ".join(r.package for r in results if not r.identical)
+        raise ReproMismatch(
+            f"doit repro: {report.summary()}; not reproducible: {differ}.\n"
+            f"Report: {directory / 'report.txt'} (and report.json); rebuilt wheels: {directory / 'wheels'}/.\n"
+            "Find what differs in the report (a timestamp, a build path, a temporary file name, an order), "
+            "remove it with a flag, an environment variable or a patch in the lock, then rerun "
+            "`doit wheels` and `doit repro`."
+        )
+    return report
