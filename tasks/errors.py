@@ -65,6 +65,12 @@ class VerifyFailed(ReproError):
     exit_code = 17
 
 
+class ImageError(ReproError):
+    """Docker, a registry or a container image (runtime, builder, export) failed."""
+
+    exit_code = 18
+
+
 def debug_enabled() -> bool:
     """True when the user asked for tracebacks of expected failures."""
     return os.environ.get("REPRO_DEBUG", "") not in ("", "0")

@@ -7,6 +7,9 @@
     build:<pkg>     the package's wheel into the wheel cache, under its action key
     wheels          wheels/ from the cache: wheels, manifest, simple/ index, requirements
     verify          install the wheelhouse into a scratch venv and check it
+    image           the runtime image: pinned base + wheelhouse, tagged <name>:<key12>
+    verify_image    doit verify inside a container of the image
+    export          the image as a docker-archive and an OCI layout, with sha256s
 
 Task creators only read the parsed lock; nothing here touches the network,
 git or a compiler while doit loads or lists tasks.
@@ -121,11 +124,15 @@ class WheelhouseCurrent:
 @guarded
 def _do_lock() -> None:
     from tasks.lockcmd import lock_sources
+    from tasks.registry import lock_image_digests, split_update
 
     ctx = context()
+    sources_update, images_update = split_update(ctx.settings.update)
     for line in lock_sources(
-        ctx.settings.lock, ctx.cache, mirror=ctx.settings.mirror, logs=ctx.settings.logs, update=ctx.settings.update
+        ctx.settings.lock, ctx.cache, mirror=ctx.settings.mirror, logs=ctx.settings.logs, update=sources_update
     ):
+        print(f"  {line}", flush=True)
+    for line in lock_image_digests(ctx.settings.lock, images_update):
         print(f"  {line}", flush=True)
     print(f"wrote {ctx.settings.lock}", flush=True)
 
@@ -201,6 +208,27 @@ def _do_verify() -> None:
         gpu=ctx.settings.gpu,
         log_dir=ctx.settings.logs,
     )
+
+
+@guarded
+def _do_image() -> None:
+    from tasks.image import build_image
+
+    build_image(context())
+
+
+@guarded
+def _do_verify_image() -> None:
+    from tasks.verify_image import verify_in_image
+
+    verify_in_image(context())
+
+
+@guarded
+def _do_export() -> None:
+    from tasks.export import export_image
+
+    export_image(context())
 
 
 def _clean_wheels() -> None:
@@ -282,3 +310,22 @@ def task_wheels() -> TaskDict:
 def task_verify() -> TaskDict:
     """Install the wheelhouse into a scratch venv and check imports, linkage, archs, GPU smoke tests."""
     return {"actions": [_do_verify], "task_dep": ["wheels"], "uptodate": [False], "verbosity": 2}
+
+
+def task_image() -> TaskDict:
+    """Build the runtime image: the lock's pinned base plus the wheelhouse, installed offline."""
+    from tasks.image import ImageCurrent
+
+    return {"actions": [_do_image], "task_dep": ["wheels"], "uptodate": [ImageCurrent(context())], "verbosity": 2}
+
+
+def task_verify_image() -> TaskDict:
+    """Run doit verify inside a container of the runtime image (--gpus all where a GPU is usable)."""
+    return {"actions": [_do_verify_image], "task_dep": ["image"], "uptodate": [False], "verbosity": 2}
+
+
+def task_export() -> TaskDict:
+    """Write the runtime image as a docker-archive and an OCI layout, with their sha256s (export=DIR)."""
+    from tasks.export import ExportCurrent
+
+    return {"actions": [_do_export], "task_dep": ["image"], "uptodate": [ExportCurrent(context())], "verbosity": 2}
