@@ -83,6 +83,18 @@ def inspect_image(ref: str) -> dict[str, Any] | None:
     return data[0] if isinstance(data, list) and data else None
 
 
+#: Local alias of a base image, named by its ID: BuildKit reads ``FROM sha256:...`` as a Docker Hub
+#: name and would try to pull it, while a local tag is used as it is, by both builders.
+PIN_REPOSITORY = "reprostack-pinned-base"
+
+
+def pin_tag(image_id: str) -> str:
+    """Tag the local image ``image_id`` as ``reprostack-pinned-base:<its 64 hex digits>``; return that tag."""
+    tag = f"{PIN_REPOSITORY}:{image_id.removeprefix('sha256:')}"
+    query(["image", "tag", image_id, tag], what=f"docker image tag {image_id}")
+    return tag
+
+
 def image_labels(info: Mapping[str, Any]) -> dict[str, str]:
     return dict((info.get("Config") or {}).get("Labels") or {})
 

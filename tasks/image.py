@@ -363,7 +363,7 @@ def build_image(ctx: Context) -> Plan:
             docker.build(
                 context_dir,
                 tag=plan.tag,
-                build_args={"BASE": str(base["Id"]), **plan.build_args},
+                build_args={"BASE": docker.pin_tag(str(base["Id"])), **plan.build_args},
                 labels=plan.labels,
                 log=log,
             )
