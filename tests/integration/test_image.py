@@ -76,17 +76,18 @@ def base_id(docker_ready: None) -> str:
     return res.stdout.strip().splitlines()[-1]
 
 
-def image_table(base: str = "localhost/reprostack-test-base:bookworm", extra: str = "") -> str:
-    return (
-        f'\n[image]\nbase = "{base}"\nname = "{IMAGE_NAME}"\n'
-        f'docker_dir = "docker"\n{extra}'  # a copy in the workspace, so tests may edit it
-    )
+def image_table(base: str = "localhost/reprostack-base:bookworm") -> str:
+    """The example lock's [image] table as the tests use it: their image name, a copy of docker/."""
+    return f'[image]\nbase = "{base}"\nname = "{IMAGE_NAME}"\ndocker_dir = "docker"\n'
 
 
 def image_workspace(root: Path, cache: Path, url: str, table: str | None = None) -> Workspace:
+    """A workspace of the example lock whose [image] table is ``table`` (by default the example's own)."""
     ws = make_workspace(root, cache, url)
-    shutil.copytree(REPO / "docker", ws.root / "docker")
-    ws.lock.write_text(ws.lock.read_text() + (table if table is not None else image_table()))
+    shutil.copytree(REPO / "docker", ws.root / "docker")  # a copy, so tests may edit it
+    head, sep, _ = ws.lock.read_text().partition("[image]\n")
+    assert sep, "examples/example.lock has no [image] table"
+    ws.lock.write_text(head + (table or image_table()))
     return ws
 
 
@@ -227,8 +228,7 @@ def test_base_must_be_pinned_and_present(built: Workspace, base_id: str) -> None
         text = res.stdout + res.stderr
         assert res.returncode != 0, text
         assert (
-            "is not in the local docker daemon" in text
-            and "docker pull localhost/reprostack-test-base@sha256:0000" in text
+            "is not in the local docker daemon" in text and "docker pull localhost/reprostack-base@sha256:0000" in text
         )
         res = ws.doit("image", "base=" + "f" * 64, check=False)
         text = res.stdout + res.stderr
@@ -303,8 +303,12 @@ def test_wheel_that_fails_to_install_names_the_step(
 
 
 def test_lock_without_a_registry_says_so(docker_ready: None, tmp_path: Path, server: object) -> None:
-    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)  # type: ignore[attr-defined]
-    ws.lock.write_text(ws.lock.read_text() + image_table(base="registry.invalid/reprostack/base:1"))
+    ws = image_workspace(
+        tmp_path / "ws",
+        tmp_path / "cache",
+        server.url,  # type: ignore[attr-defined]
+        image_table(base="registry.invalid/reprostack/base:1"),
+    )
     res = ws.doit("lock")
     assert "[image] registry.invalid/reprostack/base:1: left without a digest: cannot reach registry" in res.stdout
     assert "base=<image ID>" in res.stdout and "Traceback" not in res.stdout + res.stderr
