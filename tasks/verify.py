@@ -238,7 +238,7 @@ def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest
             if bad or not isinstance(imports, list):
                 problems.append(f"{label}: verify.imports must be a list of module names, got {bad}")
                 imports = None
-        smoke = verify.get("smoke")
+        smoke = verify.get("smoke") or None  # "" (no smoke script) is what the wheelhouse writes for none
         if smoke is not None and (not isinstance(smoke, str) or not _MODULE.match(smoke)):
             problems.append(f"{label}: verify.smoke must be a script name, got {smoke!r}")
             smoke = None

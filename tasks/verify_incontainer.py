@@ -29,9 +29,14 @@ def main(argv: list[str]) -> int:
     kit_bin = Path(__file__).resolve().parent.parent / "bin"
     if kit_bin.is_dir():
         os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", os.defpath), str(kit_bin)])
+    from tasks.errors import ReproError
     from tasks.verify import verify_wheelhouse
 
-    report = verify_wheelhouse(wheels, work, python=sys.executable, gpu=gpu, log_dir=work / "logs", installed=True)
+    try:
+        report = verify_wheelhouse(wheels, work, python=sys.executable, gpu=gpu, log_dir=work / "logs", installed=True)
+    except ReproError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
     print(report.render(), end="", flush=True)
     return 0
 
