@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tasks import proc
+from tasks import builder, docker, proc
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -107,10 +107,16 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 *pkg.pip_args,
                 str(build_dir),
             ]
+            env, cwd = build_env(ctx, pkg, jobs), build_dir
+            if ctx.builder is not None:  # the toolchain is the builder image: tasks/builder.py
+                env = builder.build_env(ctx.recipe_env(pkg), pkg.jobs_env, jobs)
+                mounts = {stage_dir: builder.SRC_MOUNT, out: builder.OUT_MOUNT}
+                cmd = builder.container_command(ctx.builder, cmd, mounts=mounts, workdir=build_dir, env=env)
+                env, cwd = docker.client_env(), stage_dir
             usage = proc.run(
                 cmd,
-                env=build_env(ctx, pkg, jobs),
-                cwd=build_dir,
+                env=env,
+                cwd=cwd,
                 log=log,
                 error=BuildError,
                 what=f"build of {pkg.name}",

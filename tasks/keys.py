@@ -28,14 +28,16 @@ def key_document(
     toolchain: Mapping[str, Any],
     archs: Sequence[str],
     build_requires: Mapping[str, str],
+    builder: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The canonical document hashed into the action key.
 
     ``patches`` is the ordered list of (file name, sha256); ``build_requires``
-    maps each build requirement to its installed version.
+    maps each build requirement to its installed version; ``builder`` pins the
+    builder image (digest or ID) a build runs in, absent for host builds.
     """
     jobs = set(pkg.jobs_env)
-    return {
+    doc = {
         "recipe_format": RECIPE_FORMAT,
         "package": pkg.name,
         "sources": {
@@ -52,6 +54,9 @@ def key_document(
         "toolchain": dict(toolchain),
         "archs": list(archs),
     }
+    if builder:
+        doc["builder"] = dict(builder)
+    return doc
 
 
 def action_key(doc: Mapping[str, Any]) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Workspace, copy_cache, make_workspace
+from conftest import REPO, Workspace, built_packages, copy_cache, make_workspace
 
 from tasks.treehash import file_sha256
 
@@ -397,3 +397,64 @@ def test_lock_pins_the_digest_and_image_builds_on_it(
             _docker("image", "rm", tag, check=False)
         if pulled:
             _docker("image", "rm", pulled, check=False)
+
+
+@pytest.fixture(scope="session")
+def builder_id(docker_ready: None) -> str:
+    """A builder image: the runtime base plus g++, python3-dev, setuptools, pybind11 from Debian (cached by tag)."""
+    res = subprocess.run(
+        ["bash", str(REPO / "scripts" / "make-base-image.sh"), "builder"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    if res.returncode != 0:
+        pytest.fail(f"scripts/make-base-image.sh builder failed:\n{res.stderr[-3000:]}", pytrace=False)
+    return res.stdout.strip().splitlines()[-1]
+
+
+BUILDER_PROFILE = """
+[profiles.builder]
+description = "What a plain Debian builder builds: no nvcc, no torch."
+[profiles.builder.packages.repro_cuda]
+enabled = false
+[profiles.builder.packages.repro_torchext]
+enabled = false
+"""
+
+
+def test_wheels_build_in_a_builder_image(
+    builder_id: str, base_id: str, quick_cache: Path, server: object, tmp_path: Path
+) -> None:
+    ws = image_workspace(tmp_path / "ws", copy_cache(quick_cache, tmp_path / "cache"), server.url)  # type: ignore[attr-defined]
+    # The builder has neither torch nor nvcc: this lock does not ask for them.
+    ws.edit_lock('torch = ">=2.4"\n', "")
+    ws.edit_lock('cuda = ">=12.8"\n', "")
+    ws.lock.write_text(ws.lock.read_text().replace("\n[image]", BUILDER_PROFILE + "\n[image]"))
+    ws.env_extra["REPRO_PROFILE"] = "builder"
+    res = ws.doit("wheels", f"builder={builder_id}")
+    assert sorted(built_packages(res.stdout)) == ["repro_pure", "repro_pybind"]
+    log = (ws.root / "build" / "logs" / "build-repro_pybind.log").read_text()
+    assert "docker run --rm --network none" in log and "--mount type=bind,source=" in log
+    assert "Processing /reprostack/src" in log  # built at the fixed path inside the builder
+    manifest = json.loads((ws.wheels / "manifest.json").read_text())
+    in_builder = {w["package"]: w["action_key"] for w in manifest["wheels"]}
+    entry = json.loads(next((ws.cache / "wheels").glob(f"*/{in_builder['repro_pybind']}/entry.json")).read_text())
+    assert entry["key_document"]["builder"] == {"id": builder_id}
+    assert "Debian" in entry["key_document"]["toolchain"]["cxx"]  # the builder's compiler, probed inside it
+    # The same lock on this host: other keys (the session's cache has them from its host builds);
+    # back to the builder: nothing is built again.
+    ws.doit("wheels", "builder=host")
+    on_host = {w["package"]: w["action_key"] for w in json.loads((ws.wheels / "manifest.json").read_text())["wheels"]}
+    assert set(on_host.values()).isdisjoint(in_builder.values())
+    assert built_packages(ws.doit("wheels", f"builder={builder_id}").stdout) == []
+    # The builder's wheels run in the runtime image (same Debian Python).
+    report = ws.doit("verify_image", f"builder={builder_id}", f"base={base_id}").stdout
+    assert re.search(r"^\d+ passed, 0 failed, \d+ skipped$", report, flags=re.M), report
+    # A lock's [builder] needs a digest; builder=lock without one says what to do.
+    ws.lock.write_text(ws.lock.read_text() + '\n[builder]\nimage = "localhost/reprostack-builder:bookworm"\n')
+    res = ws.doit("wheels", check=False)
+    assert res.returncode != 0 and "[builder] image 'localhost/reprostack-builder:bookworm' has no digest" in (
+        res.stdout + res.stderr
+    )

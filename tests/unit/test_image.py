@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
+from tasks.builder import BUILD_ENV, Builder, build_env, run_arguments
 from tasks.docker import failing_step
 from tasks.errors import LockError, ReproError
 from tasks.image import BasePin, Wheelhouse, image_labels, key_document, wheelhouse_problems
 from tasks.imageref import label_key, parse_reference
-from tasks.keys import canonical_json
-from tasks.lockfile import ImageSpec, parse_lock
+from tasks.keys import action_key, canonical_json
+from tasks.keys import key_document as action_key_document
+from tasks.lockfile import ImageSpec, Package, Source, parse_lock
 from tasks.registry import is_loopback, manifest_url, parse_challenge, split_update
 from tasks.settings import load_settings
 
@@ -308,3 +310,47 @@ def test_failing_step_before_our_script() -> None:
         "Dockerfile step 2/12 (FROM ${BASE} AS install)"
     )
     assert failing_step("unrelated output\n") == ""
+
+
+# --------------------------------------------------------------------------- builder containers
+
+
+def test_the_builder_enters_the_action_key_and_host_keys_stay_as_they_were() -> None:
+    pkg = Package(name="p", source="s")
+    sources = {"s": Source(name="s", kind="url", tree_sha256="e" * 64)}
+    common: dict[str, Any] = {
+        "sources": sources, "patches": [], "toolchain": {"cxx": "g++ 12"}, "archs": ["sm_90a"], "build_requires": {}
+    }  # fmt: skip
+    host = action_key_document(pkg, **common)
+    assert "builder" not in host  # host builds keep the keys they had before builders existed
+    a = action_key_document(pkg, builder={"image": "ghcr.io/x/builder:1", "digest": DIGEST}, **common)
+    b = action_key_document(pkg, builder={"image": "ghcr.io/x/builder:1", "digest": "sha256:" + "d" * 64}, **common)
+    assert len({action_key(host), action_key(a), action_key(b)}) == 3
+
+
+def test_builds_run_at_fixed_paths_with_only_the_recipe_environment() -> None:
+    builder = Builder(image_id="sha256:" + "1" * 64, python="python3")
+    stage, out = Path("/home/u/proj/build/stage/pkg-abc"), Path("/home/u/.cache/reprostack/tmp/out-pkg.x1")
+    cmd = ["/venv/bin/python", "-m", "pip", "wheel", "-w", f"{out}/raw", f"{stage}/hopper"]
+    env = build_env({"CUDA_HOME": "/usr/local/cuda"}, ["MAX_JOBS"], 6)
+    args = run_arguments(
+        builder, cmd, mounts={stage: "/reprostack/src", out: "/reprostack/out"}, workdir=stage / "hopper", env=env,
+        user="1000:1000",
+    )  # fmt: skip
+    assert args[:6] == ["run", "--rm", "--network", "none", "--user", "1000:1000"]
+    assert f"type=bind,source={stage},target=/reprostack/src" in args
+    assert args[args.index("--workdir") + 1] == "/reprostack/src/hopper"
+    tail = args[args.index(builder.image_id) :]
+    assert tail == [
+        builder.image_id,
+        "python3",
+        "-m",
+        "pip",
+        "wheel",
+        "-w",
+        "/reprostack/out/raw",
+        "/reprostack/src/hopper",
+    ]
+    envs = {args[i + 1].split("=", 1)[0] for i, a in enumerate(args) if a == "--env"}
+    assert envs == {"CUDA_HOME", "MAX_JOBS", *BUILD_ENV}  # nothing of the host's environment
+    assert "MAX_JOBS=6" in args
