@@ -32,7 +32,7 @@ from filelock import FileLock
 from tasks import docker
 from tasks.cache import rmtree
 from tasks.context import Context
-from tasks.errors import ImageError
+from tasks.errors import ImageError, ReproError
 from tasks.imageref import label_key, parse_reference, short_id
 from tasks.keys import canonical_json
 from tasks.lockfile import ImageSpec
@@ -284,7 +284,7 @@ class ImageCurrent:
     def __call__(self, task: Any, values: Any) -> bool:
         try:
             return current_image(make_plan(self.ctx)) is not None
-        except Exception:  # no docker, no wheelhouse, no digest: the action says what is wrong
+        except (ReproError, OSError, ValueError, KeyError):  # no docker, wheelhouse, digest: the action says why
             return False
 
     def __repr__(self) -> str:

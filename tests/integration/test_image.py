@@ -458,3 +458,12 @@ def test_wheels_build_in_a_builder_image(
     assert res.returncode != 0 and "[builder] image 'localhost/reprostack-builder:bookworm' has no digest" in (
         res.stdout + res.stderr
     )
+
+
+def test_no_docker_daemon_is_a_clear_error(tmp_path: Path, server: object) -> None:
+    ws = image_workspace(tmp_path / "ws", tmp_path / "cache", server.url)  # type: ignore[attr-defined]
+    ws.env_extra["DOCKER_HOST"] = f"unix://{tmp_path / 'no-such-docker.sock'}"
+    res = ws.doit("-s", "image", "base=" + "a" * 64, check=False)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0 and "ImageError: docker: cannot reach the docker daemon" in text, text
+    assert "sudo systemctl start docker" in text and "Traceback" not in text
