@@ -113,6 +113,7 @@ def export_image(ctx: Context) -> dict[str, Any]:
             error=ImageError,
             what="skopeo copy docker-archive -> oci",
         )
+        os.chmod(tmp_archive, 0o644)  # docker writes it 0600
         os.replace(tmp_archive, archive)
         rmtree(layout)
         os.replace(tmp_layout, layout)
