@@ -302,7 +302,7 @@ def test_wheel_that_fails_to_install_names_the_step(
     assert labelled_images() == before
 
 
-def test_lock_without_a_registry_says_so(docker_ready: None, tmp_path: Path, server: object) -> None:
+def test_lock_without_a_registry_says_so(tmp_path: Path, server: object) -> None:
     ws = image_workspace(
         tmp_path / "ws",
         tmp_path / "cache",
