@@ -150,7 +150,7 @@ def main() -> int:
         (ctx / "Dockerfile").write_text(
             REFERENCE_DOCKERFILE.format(base=base, cuda=" ".join(f'"{w}"' for w in CUDA_WHEELS))
         )
-        reference_s, _ = run(["docker", "build", "--no-cache", "--tag", REFERENCE_TAG, str(ctx)],
+        reference_s, _ = run(["docker", "build", "--no-cache", "--force-rm", "--tag", REFERENCE_TAG, str(ctx)],
                              env=dict(env, DOCKER_BUILDKIT="0"), log=log)  # fmt: skip
     finally:
         server.stop()
