@@ -5,12 +5,15 @@ Run ``doit list`` for the tasks; the README documents every variable.
 
 from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
     task_build,
+    task_export,
     task_fetch,
+    task_image,
     task_lock,
     task_mirror,
     task_repro,
     task_stage,
     task_verify,
+    task_verify_image,
     task_wheels,
 )
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import objcache, proc, reproducible
+from tasks import builder, docker, objcache, proc, reproducible
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -115,8 +115,18 @@ def compile_wheel(
     objects from the compile-object cache.
     """
     build_dir = stage_package(pkg, trees=source_trees(ctx, pkg), patches=ctx.patches(pkg), dest=stage_dir, log=log)
-    place = reproducible.placement(pkg.name, stage_dir)
     raw = out / "raw"
+    if ctx.builder is not None:
+        # The toolchain is the builder image (tasks/builder.py): the build runs
+        # in a container at fixed paths, without the host's jobserver or object cache.
+        env = builder.build_env(ctx.recipe_env(pkg), pkg.jobs_env, jobs)
+        mounts = {stage_dir: builder.SRC_MOUNT, out: builder.OUT_MOUNT}
+        cmd = builder.container_command(
+            ctx.builder, wheel_command(pkg, str(raw), str(build_dir)), mounts=mounts, workdir=build_dir, env=env
+        )
+        usage = run_build(cmd, env=docker.client_env(), cwd=stage_dir, log=log, pkg=pkg, on_line=on_line)
+        return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, object_hits=0, object_misses=0)
+    place = reproducible.placement(pkg.name, stage_dir)
     cmd = wheel_command(pkg, str(raw), place.path(build_dir))
     server = ctx.jobserver()
     env = server.env(reproducible.apply(build_env(ctx, pkg, jobs), place))
@@ -128,12 +138,16 @@ def compile_wheel(
     with server.slot(server.tokens_for(jobs)):
         usage = run_build(place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, on_line=on_line)
     hits, misses = objcache.stats(stats_log)
+    return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, object_hits=hits, object_misses=misses)
+
+
+def _normalised(raw: Path, out: Path, pkg: Package, log: Path) -> Path:
     wheels = sorted(raw.glob("*.whl"))
     if len(wheels) != 1:
         raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
     norm = out / wheels[0].name
     normalize_wheel(wheels[0], norm, epoch=DEFAULT_EPOCH)
-    return Compiled(wheel=norm, usage=usage, object_hits=hits, object_misses=misses)
+    return norm
 
 
 def build_package(ctx: Context, pkg: Package) -> WheelEntry:

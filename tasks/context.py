@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tasks import builder as builder_mod
 from tasks import objcache, reproducible, toolchain
 from tasks.cache import Cache
 from tasks.errors import ReproError
@@ -54,9 +55,14 @@ class Context:
         raise KeyError(name)
 
     @cached_property
+    def builder(self) -> builder_mod.Builder | None:
+        """The builder image wheels build in (builder=, the lock's [builder]), or None: this host."""
+        return builder_mod.resolve(self.settings, self.lock.builder, lock=self.lock.path)
+
+    @cached_property
     def toolchain(self) -> dict[str, Any]:
-        """The probed toolchain, checked against the lock's expectations."""
-        info = toolchain.detect(self.cache)
+        """The probed toolchain (this host's or the builder image's), checked against the lock's expectations."""
+        info = toolchain.detect(self.cache) if self.builder is None else builder_mod.detect(self.cache, self.builder)
         toolchain.check_expectations(self.lock.toolchain, info, lock=self.lock.path)
         return info
 
@@ -76,6 +82,7 @@ class Context:
                 archs=self.lock.toolchain.archs,
                 build_requires=requires,
                 reproducible=reproducible.key_section(reproducible.method()),
+                builder=self.builder.pin if self.builder is not None else None,
             )
             self._keys[pkg.name] = (action_key(doc), doc)
         return self._keys[pkg.name]

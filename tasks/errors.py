@@ -71,6 +71,12 @@ class ReproMismatch(ReproError):
     exit_code = 18
 
 
+class ImageError(ReproError):
+    """Docker, a registry or a container image (runtime, builder, export) failed."""
+
+    exit_code = 19
+
+
 def debug_enabled() -> bool:
     """True when the user asked for tracebacks of expected failures."""
     return os.environ.get("REPRO_DEBUG", "") not in ("", "0")

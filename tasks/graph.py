@@ -8,6 +8,9 @@
     wheels          wheels/ from the cache: wheels, manifest, simple/ index, requirements, SBOM, provenance
     verify          install the wheelhouse into a scratch venv and check it
     repro           rebuild packages in a second directory and compare the wheels bit for bit
+    image           the runtime image: pinned base + wheelhouse, tagged <name>:<key12>
+    verify_image    doit verify inside a container of the image
+    export          the image as a docker-archive and an OCI layout, with sha256s
 
 Task creators only read the parsed lock; nothing here touches the network,
 git or a compiler while doit loads or lists tasks.
@@ -15,7 +18,9 @@ git or a compiler while doit loads or lists tasks.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -59,10 +64,26 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+#: The exit status an expected failure asked for (see :func:`exiting`); applied when the process ends.
+_exit_status: list[int] = []
+
+
+def _exit_with_status() -> None:
+    if _exit_status:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[0])
+
+
+# Registered at import, before any other exit handler of ours, so that it runs last.
+atexit.register(_exit_with_status)
+
+
 def exiting(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Like :func:`guarded`, but an expected failure ends doit with the error's own exit status.
 
-    (Under ``doit -n N`` doit's thread runner turns it into its own failure, status 1.)
+    The task fails as usual (doit runs it in a worker thread, where raising
+    SystemExit would not end the process); the status is applied at exit.
     """
 
     @functools.wraps(fn)
@@ -72,8 +93,8 @@ def exiting(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ReproError as exc:
             if debug_enabled():
                 traceback.print_exc()
-            print(f"{exc.__class__.__name__}: {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(exc.exit_code) from None
+            _exit_status[:] = [exc.exit_code]
+            return TaskFailed(f"{exc.__class__.__name__}: {exc}")
         return None
 
     return wrapper
@@ -145,11 +166,15 @@ class WheelhouseCurrent:
 @guarded
 def _do_lock() -> None:
     from tasks.lockcmd import lock_sources
+    from tasks.registry import lock_image_digests, split_update
 
     ctx = context()
+    sources_update, images_update = split_update(ctx.settings.update)
     for line in lock_sources(
-        ctx.settings.lock, ctx.cache, mirror=ctx.settings.mirror, logs=ctx.settings.logs, update=ctx.settings.update
+        ctx.settings.lock, ctx.cache, mirror=ctx.settings.mirror, logs=ctx.settings.logs, update=sources_update
     ):
+        print(f"  {line}", flush=True)
+    for line in lock_image_digests(ctx.settings.lock, images_update):
         print(f"  {line}", flush=True)
     print(f"wrote {ctx.settings.lock}", flush=True)
 
@@ -236,6 +261,27 @@ def _do_repro() -> None:
     run_repro(ctx, ctx.settings.pkgs)
 
 
+@guarded
+def _do_image() -> None:
+    from tasks.image import build_image
+
+    build_image(context())
+
+
+@guarded
+def _do_verify_image() -> None:
+    from tasks.verify_image import verify_in_image
+
+    verify_in_image(context())
+
+
+@guarded
+def _do_export() -> None:
+    from tasks.export import export_image
+
+    export_image(context())
+
+
 def _clean_wheels() -> None:
     rmtree(context().settings.wheels)
 
@@ -320,3 +366,22 @@ def task_verify() -> TaskDict:
 def task_repro() -> TaskDict:
     """Rebuild packages (pkgs=a,b; default all) in a second directory and compare with wheels/ bit for bit."""
     return {"actions": [_do_repro], "task_dep": ["wheels"], "uptodate": [False], "verbosity": 2}
+
+
+def task_image() -> TaskDict:
+    """Build the runtime image: the lock's pinned base plus the wheelhouse, installed offline."""
+    from tasks.image import ImageCurrent
+
+    return {"actions": [_do_image], "task_dep": ["wheels"], "uptodate": [ImageCurrent(context())], "verbosity": 2}
+
+
+def task_verify_image() -> TaskDict:
+    """Run doit verify inside a container of the runtime image (--gpus all where a GPU is usable)."""
+    return {"actions": [_do_verify_image], "task_dep": ["image"], "uptodate": [False], "verbosity": 2}
+
+
+def task_export() -> TaskDict:
+    """Write the runtime image as a docker-archive and an OCI layout, with their sha256s (export=DIR)."""
+    from tasks.export import ExportCurrent
+
+    return {"actions": [_do_export], "task_dep": ["image"], "uptodate": [ExportCurrent(context())], "verbosity": 2}

@@ -30,15 +30,18 @@ def key_document(
     archs: Sequence[str],
     build_requires: Mapping[str, str],
     reproducible: Mapping[str, Any] | None = None,
+    builder: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The canonical document hashed into the action key.
 
     ``patches`` is the ordered list of (file name, sha256); ``build_requires``
     maps each build requirement to its installed version; ``reproducible`` is
-    what every build gets for bit-for-bit output (``reproducible.key_section``).
+    what every build gets for bit-for-bit output (``reproducible.key_section``);
+    ``builder`` pins the builder image (digest or ID) a build runs in, absent
+    for host builds.
     """
     jobs = set(pkg.jobs_env)
-    return {
+    doc = {
         "recipe_format": RECIPE_FORMAT,
         "package": pkg.name,
         "sources": {
@@ -56,6 +59,9 @@ def key_document(
         "archs": list(archs),
         "reproducible": dict(reproducible or {}),
     }
+    if builder:
+        doc["builder"] = dict(builder)
+    return doc
 
 
 def action_key(doc: Mapping[str, Any]) -> str:

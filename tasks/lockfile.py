@@ -23,6 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from tasks.errors import LockError
+from tasks.imageref import is_digest, parse_reference
 
 LOCK_FORMAT = 1
 
@@ -150,6 +151,27 @@ class Profile:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageSpec:
+    """``[image]``: the runtime image, on a base pinned by digest (see tasks/image.py)."""
+
+    base: str
+    digest: str = ""
+    name: str = "reprostack"
+    python: str = "python3"
+    prefix: str = "/opt/reprostack"
+    docker_dir: Path = Path("docker")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuilderSpec:
+    """``[builder]``: the image whose toolchain builds the wheels (see tasks/builder.py)."""
+
+    image: str
+    digest: str = ""
+    python: str = "python3"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Lock:
     path: Path
     sha256: str
@@ -159,6 +181,8 @@ class Lock:
     profiles: Mapping[str, Profile]
     patches_dir: Path
     unpinned: tuple[str, ...] = ()
+    image: ImageSpec | None = None
+    builder: BuilderSpec | None = None
 
     def patch_path(self, package: str, patch: str) -> Path:
         return self.patches_dir / package / patch
@@ -346,6 +370,8 @@ TOP_FIELDS = {
     "sources": _Field(_is_table, required=True),
     "packages": _Field(_is_table, required=True),
     "profiles": _Field(_is_table),
+    "image": _Field(_is_table),
+    "builder": _Field(_is_table),
 }
 TOOLCHAIN_FIELDS = {
     "python": _Field(_is_specifier),
@@ -401,6 +427,49 @@ PACKAGE_FIELDS = {
 }
 VERIFY_FIELDS = {"imports": _Field(_is_str_list), "smoke": _Field(_is_str)}
 PROFILE_FIELDS = {"description": _Field(_is_str), "packages": _Field(_is_table)}
+
+
+def _is_image_ref(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return "must be an image reference with a tag, such as 'nvcr.io/nvidia/pytorch:25.09-py3'"
+    try:
+        ref = parse_reference(v)
+    except ValueError as exc:
+        return str(exc)
+    return None if ref.tag else f"{v!r} needs a tag (such as ':25.09-py3'), which `doit lock` resolves to a digest"
+
+
+def _is_digest(v: Any) -> str | None:
+    ok = isinstance(v, str) and is_digest(v)
+    return None if ok else f"must be 'sha256:' and 64 lowercase hex digits, got {v!r}"
+
+
+def _is_abs_path(v: Any) -> str | None:
+    ok = isinstance(v, str) and v.startswith("/") and ".." not in Path(v).parts
+    return None if ok else f"must be an absolute path inside the image, got {v!r}"
+
+
+def _is_repository(v: Any) -> str | None:
+    try:
+        ok = isinstance(v, str) and ":" not in v and parse_reference(v).tag == ""
+    except ValueError:
+        ok = False
+    return None if ok else f"must be a repository name without tag, such as 'reprostack', got {v!r}"
+
+
+IMAGE_FIELDS = {
+    "base": _Field(_is_image_ref, required=True),
+    "digest": _Field(_is_digest),
+    "name": _Field(_is_repository),
+    "python": _Field(_is_str),
+    "prefix": _Field(_is_abs_path),
+    "docker_dir": _Field(_is_str),
+}
+BUILDER_FIELDS = {
+    "image": _Field(_is_image_ref, required=True),
+    "digest": _Field(_is_digest),
+    "python": _Field(_is_str),
+}
 # What a profile may override: everything but the identity of the sources.
 PROFILE_PACKAGE_FIELDS = {k: v for k, v in PACKAGE_FIELDS.items() if k != "source"}
 
@@ -511,6 +580,7 @@ def parse_lock(
     files_dir = patches_dir if check_files else None
     packages = _parse_packages(p, doc.get("packages"), declared_sources, files_dir)
     profiles = _parse_profiles(p, doc.get("profiles"), declared_packages, declared_sources, files_dir)
+    image, builder = _parse_images(p, doc.get("image"), doc.get("builder"), path.parent)
     p.raise_if_any(require_pins)
     return Lock(
         unpinned=tuple(p.pins),
@@ -521,7 +591,33 @@ def parse_lock(
         packages=packages,
         profiles=profiles,
         patches_dir=patches_dir,
+        image=image,
+        builder=builder,
     )
+
+
+def _parse_images(
+    p: _Problems, raw_image: Any, raw_builder: Any, lock_dir: Path
+) -> tuple[ImageSpec | None, BuilderSpec | None]:
+    """``[image]`` and ``[builder]``. A missing digest is not a problem here: `doit image` and
+    container builds refuse to start without one, everything else works without it."""
+    image = builder = None
+    if isinstance(raw_image, dict) and p.check_table("image", raw_image, IMAGE_FIELDS):
+        image = ImageSpec(
+            base=raw_image["base"],
+            digest=raw_image.get("digest", ""),
+            name=raw_image.get("name", "reprostack"),
+            python=raw_image.get("python", "python3"),
+            prefix=raw_image.get("prefix", "/opt/reprostack"),
+            docker_dir=lock_dir / raw_image.get("docker_dir", "docker"),
+        )
+    if isinstance(raw_builder, dict) and p.check_table("builder", raw_builder, BUILDER_FIELDS):
+        builder = BuilderSpec(
+            image=raw_builder["image"],
+            digest=raw_builder.get("digest", ""),
+            python=raw_builder.get("python", "python3"),
+        )
+    return image, builder
 
 
 def _parse_toolchain(p: _Problems, raw: Any) -> Toolchain:

@@ -16,6 +16,9 @@ builddir   REPRO_BUILD_DIR     logs and staging trees (default ``build``)
 gpu        REPRO_GPU           ``auto`` or ``off``: GPU smoke tests in ``doit verify``
 update     REPRO_UPDATE        ``doit lock``: sources whose refs are re-resolved (``all`` or names)
 pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare (default: all)
+base       REPRO_BASE          ``doit image``: a local base image by ID, instead of the lock's digest
+builder    REPRO_BUILDER       where wheels build: ``host``, ``lock`` ([builder]) or a local image ID
+export     REPRO_EXPORT        ``doit export``: output directory (default ``<builddir>/export``)
 =========  ==================  ===============================================
 """
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.errors import ReproError
+from tasks.imageref import is_image_id
 from tasks.objcache import valid_size
 
 VARIABLES = {
@@ -42,6 +46,9 @@ VARIABLES = {
     "gpu": ("REPRO_GPU", "auto"),
     "update": ("REPRO_UPDATE", ""),
     "pkgs": ("REPRO_PKGS", ""),
+    "base": ("REPRO_BASE", ""),
+    "builder": ("REPRO_BUILDER", ""),
+    "export": ("REPRO_EXPORT", ""),
 }
 
 
@@ -65,10 +72,17 @@ class Settings:
     gpu: str
     update: tuple[str, ...]
     pkgs: tuple[str, ...] = ()
+    base: str = ""
+    builder: str = ""
+    export: Path | None = None
 
     @property
     def logs(self) -> Path:
         return self.builddir / "logs"
+
+    @property
+    def export_dir(self) -> Path:
+        return self.export if self.export is not None else self.builddir / "export"
 
 
 def _get(name: str, doit_vars: dict[str, str]) -> str:
@@ -113,6 +127,19 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
     cache = _get("cache", doit_vars)
     update = tuple(u for u in _get("update", doit_vars).replace(",", " ").split() if u)
     pkgs = tuple(p for p in _get("pkgs", doit_vars).replace(",", " ").split() if p)
+    base = _get("base", doit_vars).strip()
+    if base and not is_image_id(base):
+        raise ReproError(
+            f"base={base!r}: give a local image by ID (sha256:<64 hex> or at least 12 hex digits), "
+            "as `docker image inspect --format '{{.Id}}' IMAGE` prints it; tags move, IDs do not"
+        )
+    builder = _get("builder", doit_vars).strip()
+    if builder not in ("", "host", "lock") and not is_image_id(builder):
+        raise ReproError(
+            f"builder={builder!r}: use 'host', 'lock' (the lock's [builder] image) or a local image ID "
+            "(`docker image inspect --format '{{.Id}}' IMAGE`)"
+        )
+    export = _get("export", doit_vars)
     return Settings(
         lock=Path(_get("lock", doit_vars)),
         profile=_get("profile", doit_vars) or "default",
@@ -127,6 +154,9 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         gpu=gpu,
         update=update,
         pkgs=pkgs,
+        base=base,
+        builder=builder,
+        export=Path(export) if export else None,
     )
 
 

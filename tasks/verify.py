@@ -242,7 +242,7 @@ def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest
             if bad or not isinstance(imports, list):
                 problems.append(f"{label}: verify.imports must be a list of module names, got {bad}")
                 imports = None
-        smoke = verify.get("smoke")
+        smoke = verify.get("smoke") or None  # "" (no smoke script) is what the wheelhouse writes for none
         if smoke is not None and (not isinstance(smoke, str) or not _MODULE.match(smoke)):
             problems.append(f"{label}: verify.smoke must be a script name, got {smoke!r}")
             smoke = None
@@ -521,7 +521,9 @@ class _ItemResult:
 class _Session:
     """State of one verification run: paths, environment, logs, tools."""
 
-    def __init__(self, *, wheel_dir: Path, work_dir: Path, python: str, gpu: GpuMode, log_dir: Path) -> None:
+    def __init__(
+        self, *, wheel_dir: Path, work_dir: Path, python: str, gpu: GpuMode, log_dir: Path, installed: bool = False
+    ) -> None:
         self.wheel_dir = wheel_dir
         self.work_dir = work_dir
         self.python = python
@@ -535,6 +537,7 @@ class _Session:
         self._logs: set[Path] = set()
         self.demangle = Demangler(self.env)
         self._torch_indexes: dict[Path, elfcheck.SymbolIndex] = {}
+        self.installed = installed  # check python's own environment: no scratch venv, no install
 
     def log(self, name: str) -> Path:
         """``<log_dir>/<name>.log``, emptied the first time this run asks."""
@@ -586,8 +589,13 @@ def verify_wheelhouse(
     gpu: str = "auto",
     log_dir: Path | None = None,
     smoke_timeout: float = SMOKE_TIMEOUT_S,
+    installed: bool = False,
 ) -> Report:
     """Install ``wheel_dir`` into a fresh venv under ``work_dir`` and check it.
+
+    With ``installed=True`` nothing is installed: the checks run on the
+    environment of ``python`` itself, where the wheelhouse must already be
+    installed (the runtime image's venv, see tasks/verify_image.py).
 
     Returns the report (also written to ``work_dir/report.{json,txt}``); it
     does not raise for failed checks: see :func:`run_verify`.
@@ -607,6 +615,7 @@ def verify_wheelhouse(
         python=str(Path(resolved).absolute()),
         gpu=cast(GpuMode, gpu),  # checked against GPU_MODES above
         log_dir=Path(log_dir).resolve() if log_dir is not None else work_dir / "logs",
+        installed=installed,
     )
     rows = list(_verify(session, manifest, smoke_timeout=smoke_timeout))
     report = Report(rows=tuple(rows), wheel_dir=str(wheel_dir), archs=manifest.archs)
@@ -642,14 +651,17 @@ def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> I
             package=house, check="venv", status="FAIL", detail=base.failure(f"{session.python} (base interpreter)")
         )
         return
-    venv_row = _make_venv(session, base)
-    yield venv_row
-    if venv_row.status == "FAIL":
-        return
-    install_row = _install(session)
-    yield install_row
-    if install_row.status == "FAIL":
-        return
+    if session.installed:
+        yield _use_installed(session, base)
+    else:
+        venv_row = _make_venv(session, base)
+        yield venv_row
+        if venv_row.status == "FAIL":
+            return
+        install_row = _install(session)
+        yield install_row
+        if install_row.status == "FAIL":
+            return
 
     info = session.runner_info(session.venv_python, [w.name for w in manifest.wheels], log="venv-info")
     if isinstance(info, Completed):
@@ -734,6 +746,20 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         check="venv",
         status="PASS",
         detail=f"{session.venv} (Python {base.get('python')}, --system-site-packages){note}",
+    )
+
+
+def _use_installed(session: _Session, base: Mapping[str, Any]) -> Row:
+    """Check ``session.python``'s own environment instead of a scratch venv."""
+    session.venv = Path(str(base["prefix"]))
+    session.venv_python = Path(session.python)
+    session.env = child_env(session.venv, session.gpu)
+    session.scratch.mkdir(parents=True, exist_ok=True)
+    return Row(
+        package="wheelhouse",
+        check="installed",
+        status="PASS",
+        detail=f"checking what {session.python} (Python {base.get('python')}, prefix {session.venv}) has installed",
     )
 
 

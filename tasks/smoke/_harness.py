@@ -7,6 +7,7 @@ script named like its package (flash_attn.py) cannot import itself.
 
 from __future__ import annotations
 
+import glob
 import importlib
 import json
 import os
@@ -46,7 +47,17 @@ def gpu_skip_reason() -> str | None:
     """Why GPU checks cannot run here, or None when they can."""
     if GPU_MODE == "0":
         return "GPU checks disabled (REPRO_VERIFY_GPU=0)"
-    torch = importlib.import_module("torch")
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        # An environment without torch (a runtime image on a plain base): the
+        # device nodes tell whether a GPU was passed in; the checks that need
+        # torch then fail on their own import.
+        if glob.glob("/dev/nvidia[0-9]*"):
+            return None
+        if GPU_MODE == "1":
+            raise RuntimeError("REPRO_VERIFY_GPU=1 requires a GPU; no /dev/nvidia* device and no torch") from None
+        return "no CUDA device: no /dev/nvidia* device node (torch is not installed)"
     if torch.cuda.is_available():
         return None
     if GPU_MODE == "1":
