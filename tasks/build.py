@@ -134,7 +134,7 @@ def compile_wheel(
     stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
     stats_log.unlink(missing_ok=True)
     if objects is not None:
-        env = objects.env(env, base_dir=Path(place.path(stage_dir)).parent, stats_log=stats_log)
+        env = objects.env(env, stats_log=stats_log)
     with server.slot(server.tokens_for(jobs)):
         usage = run_build(place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, on_line=on_line)
     hits, misses = objcache.stats(stats_log)

@@ -93,8 +93,9 @@ def exiting(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ReproError as exc:
             if debug_enabled():
                 traceback.print_exc()
+            print(f"{exc.__class__.__name__}: {exc}", file=sys.stderr, flush=True)
             _exit_status[:] = [exc.exit_code]
-            return TaskFailed(f"{exc.__class__.__name__}: {exc}")
+            return TaskFailed(f"{exc.__class__.__name__} (exit status {exc.exit_code}); the message is above")
         return None
 
     return wrapper

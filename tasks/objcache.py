@@ -16,11 +16,16 @@ How builds reach it, without touching upstream scripts:
 - CMake projects (TransformerEngine) name nvcc themselves:
   ``CMAKE_CUDA_COMPILER_LAUNCHER`` puts ccache in front of it.
 
-Build trees live at a different path for every action key, so
-``CCACHE_BASEDIR`` rewrites absolute paths under the stage directory to
-relative ones and ``CCACHE_NOHASHDIR`` keeps the working directory out of the
-key. A hit returns the object a miss would have compiled, so wheels do not
-change; tests compare wheels built with and without the cache.
+Builds run at one canonical path per package (tasks/reproducible.py), so the
+same source compiles with the same arguments whatever the action key, and
+objects are shared across keys without ccache's ``base_dir``: that option
+rewrites absolute source paths into relative ones on the compiler's command
+line, which changes ``__FILE__`` strings in the objects, so a hit would not
+be the object a plain build makes (``doit repro`` caught exactly that). Where
+no mount namespace is allowed (builds fall back to ``-ffile-prefix-map`` in
+place), paths differ per key and only rebuilds of the same key hit. A hit
+returns the object a miss would have compiled, so wheels do not change;
+tests compare wheels built with and without the cache.
 """
 
 from __future__ import annotations
@@ -46,15 +51,13 @@ class ObjectCache:
     max_size: str
     masquerade: Path
 
-    def env(self, base: dict[str, str], *, base_dir: Path, stats_log: Path) -> dict[str, str]:
+    def env(self, base: dict[str, str], *, stats_log: Path) -> dict[str, str]:
         """``base`` with the build's compilers routed through ccache."""
         env = dict(base)
         env["PATH"] = os.pathsep.join([str(self.masquerade), env.get("PATH", "")])
         env.update(
             CCACHE_DIR=str(self.directory),
             CCACHE_MAXSIZE=self.max_size,
-            CCACHE_BASEDIR=str(base_dir),
-            CCACHE_NOHASHDIR="1",
             CCACHE_COMPILERCHECK="content",
             CCACHE_STATSLOG=str(stats_log),
             CMAKE_CUDA_COMPILER_LAUNCHER=self.ccache,
