@@ -17,11 +17,12 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks.keys import canonical_json
-from tasks.lockfile import Package, Source
 from tasks.treehash import file_sha256
+
+if TYPE_CHECKING:  # checking statements (doit verify, also inside an image) needs neither
+    from tasks.lockfile import Package, Source
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -36,6 +37,12 @@ SUFFIX = ".intoto.json"
 
 def statement_path(wheel_dir: Path, filename: str) -> Path:
     return wheel_dir / DIRECTORY / f"{filename}{SUFFIX}"
+
+
+def _canonical_json(doc: Any) -> bytes:
+    from tasks.keys import canonical_json  # the lock's modules need `packaging`: only where statements are made
+
+    return canonical_json(doc)
 
 
 def source_descriptors(src: Source, path: str) -> list[dict[str, Any]]:
@@ -72,7 +79,7 @@ def source_descriptors(src: Source, path: str) -> list[dict[str, Any]]:
 def toolchain_descriptor(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "name": "toolchain",
-        "digest": {"sha256": hashlib.sha256(canonical_json(dict(fingerprint))).hexdigest()},
+        "digest": {"sha256": hashlib.sha256(_canonical_json(dict(fingerprint))).hexdigest()},
         "annotations": dict(fingerprint),
     }
 
