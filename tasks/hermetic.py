@@ -12,9 +12,10 @@ environment or none). A build then gets:
 
 - ``<site>/nvidia/cu13`` as ``CUDA_HOME`` and ``CUDA_PATH``, and its ``bin``
   first on ``PATH`` (after the object cache's and jobserver's shims, which run
-  the nvcc found next on ``PATH``: this one);
-- no other directory on ``PATH`` that holds an ``nvcc``, and no ``NVCC``
-  variable (the host's CUDA is hidden);
+  the nvcc found next on ``PATH``: this one), and no ``NVCC`` variable: every
+  usual way of finding nvcc (``NVCC``, ``PATH``, ``CUDA_HOME``, then
+  ``/usr/local/cuda``) stops at this one. Other directories stay on ``PATH``
+  (``/usr/local/bin`` may hold a link to the host's nvcc, and also cmake);
 - ``<site>`` first on ``PYTHONPATH``, so a pinned torch wheel is the one the
   build imports.
 
@@ -76,16 +77,11 @@ class Hermetic:
         """``base`` with this toolchain's CUDA first and every other nvcc hidden."""
         env = dict(base)
         bin_dir = str(self.nvcc.parent)
-        kept = [d for d in env.get("PATH", os.defpath).split(os.pathsep) if d and not _has_nvcc(d)]
-        env["PATH"] = os.pathsep.join([bin_dir, *kept])
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", os.defpath)])
         env["CUDA_HOME"] = env["CUDA_PATH"] = str(self.cuda_home)
         env.pop("NVCC", None)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.site), env.get("PYTHONPATH", "")) if p)
         return env
-
-
-def _has_nvcc(directory: str) -> bool:
-    return os.access(os.path.join(directory, "nvcc"), os.X_OK)
 
 
 def ensure(pins: Sequence[WheelPin], *, cache: Cache, mirror: Path | None, log: Path) -> Hermetic:
