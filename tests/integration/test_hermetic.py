@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, Workspace, built_packages, lock_text_for
-from integration.test_wheels import find_cuobjdump
 
+from integration.test_wheels import find_cuobjdump
 from tasks.hermetic import set_sha256
 from tasks.lockfile import load_lock
 
@@ -38,9 +38,7 @@ def _can_hide_cuda() -> bool:
     return res.returncode == 0
 
 
-def test_hermetic_toolchain_builds_the_cuda_fixture_without_the_host_cuda(
-    tmp_path: Path, server: object
-) -> None:
+def test_hermetic_toolchain_builds_the_cuda_fixture_without_the_host_cuda(tmp_path: Path, server: object) -> None:
     if not _can_hide_cuda():
         pytest.skip(f"cannot hide the host's CUDA ({SYSTEM_CUDA} absent, or unshare --mount not permitted)")
     pins = load_lock(HERMETIC_LOCK).toolchain.hermetic
