@@ -8,7 +8,8 @@ and with ``nvidia-nvvm``, ``nvidia-cuda-crt``, ``nvidia-cuda-runtime`` and
 The wheels are installed once per pinned set, with ``pip install
 --require-hashes --no-deps --target``, into ``<cache>/toolchains/<set hash>/site``
 (a temporary directory renamed into place, so a reader sees a whole
-environment or none). A build then gets:
+environment or none), with ``lib64`` linked to ``lib`` as in a CUDA install
+(nvcc links ``-lcudart_static`` from ``lib64``). A build then gets:
 
 - ``<site>/nvidia/cu13`` as ``CUDA_HOME`` and ``CUDA_PATH``, and its ``bin``
   first on ``PATH`` (after the object cache's and jobserver's shims, which run
@@ -111,6 +112,9 @@ def ensure(pins: Sequence[WheelPin], *, cache: Cache, mirror: Path | None, log: 
                     "(with nvidia-nvvm, nvidia-cuda-crt, nvidia-cuda-runtime, nvidia-cuda-cccl) of CUDA 13 "
                     "to [toolchain.hermetic] requirements"
                 )
+            # nvcc.profile and torch's cpp_extension look for the libraries (cudart_static,
+            # cudadevrt) in lib64, where a CUDA install has them; the wheels have lib/.
+            (staged.cuda_home / "lib64").symlink_to("lib")
             write_atomic(tmp / "meta.json", json.dumps(key_section(pins), indent=2, sort_keys=True) + "\n")
             cache.publish_dir(tmp, found.root)
     return found
