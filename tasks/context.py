@@ -82,7 +82,7 @@ class Context:
     @cached_property
     def toolchain(self) -> dict[str, Any]:
         """The probed toolchain (this host's, the hermetic one or the builder image's), checked against the lock."""
-        if self.builder is None:
+        if self.builder is None or self.hermetic is not None:  # (self.hermetic refuses a builder)
             info = toolchain.detect(self.cache, self.host_env())
         else:
             info = builder_mod.detect(self.cache, self.builder)
