@@ -74,12 +74,15 @@ def test_hermetic_toolchain_builds_the_cuda_fixture_without_the_host_cuda(tmp_pa
     assert f"repro_cuda: {nvcc} -shared" in log, log
     (entry,) = (ws.cache / "wheels").glob("*/*/entry.json")
     assert json.loads(entry.read_text())["key_document"]["hermetic_toolchain"]["sha256"] == sha
+    manifest = json.loads((ws.wheels / "manifest.json").read_text())
+    (wheel,) = manifest["wheels"]
+    statement = json.loads((ws.wheels / "provenance" / f"{wheel['filename']}.intoto.json").read_text())
+    deps = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+    assert any(d["name"] == "hermetic-toolchain" and d["digest"] == {"sha256": sha} for d in deps), deps
     # sm_90a machine code in the wheel.
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         pytest.fail("cuobjdump not found: pip install nvidia-cuda-cuobjdump (see pyproject's example extra)")
-    manifest = json.loads((ws.wheels / "manifest.json").read_text())
-    (wheel,) = manifest["wheels"]
     unpacked = tmp_path / "unpacked"
     shutil.unpack_archive(ws.wheels / wheel["filename"], unpacked, format="zip")
     so = next(unpacked.glob("repro_cuda/_vadd*.so"))
