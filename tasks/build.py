@@ -34,7 +34,7 @@ CLOSED_PROXY = "http://127.0.0.1:9"
 
 
 def build_env(ctx: Context, pkg: Package, jobs: int) -> dict[str, str]:
-    env = dict(os.environ)
+    env = ctx.host_env()  # with the hermetic toolchain's CUDA, when the lock pins one
     env.update(ctx.recipe_env(pkg))
     for name in pkg.jobs_env:
         env[name] = str(jobs)

@@ -7,6 +7,7 @@ Layout under the cache root::
     git/<url hash>.git        bare repositories, fetched into and reused
     wheels/<k[:2]>/<key>/     <wheel file>, entry.json (filename, sha256, size, key document)
     toolchain/                memoised toolchain fingerprints
+    toolchains/<set hash>/    hermetic toolchains: site/ (the pinned wheels, installed), meta.json
     locks/                    file locks shared by concurrent doit processes
     objects/                  ccache's compile-object cache (size-limited by ccache)
     tmp/                      work in progress, renamed into place when complete

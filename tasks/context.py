@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks import builder as builder_mod
-from tasks import objcache, reproducible, toolchain
+from tasks import hermetic, objcache, reproducible, toolchain
 from tasks.cache import Cache
-from tasks.errors import ReproError
+from tasks.errors import ReproError, ToolchainError
 from tasks.jobserver import JobServer, plan_budget
 from tasks.keys import action_key, key_document
 from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
@@ -60,9 +60,32 @@ class Context:
         return builder_mod.resolve(self.settings, self.lock.builder, lock=self.lock.path)
 
     @cached_property
+    def hermetic(self) -> hermetic.Hermetic | None:
+        """The lock's hermetic toolchain ([toolchain.hermetic]), installed on first use; None when off."""
+        pins = self.lock.toolchain.hermetic
+        if not pins:
+            return None
+        if self.builder is not None:
+            raise ToolchainError(
+                f"{self.lock.path}: [toolchain.hermetic] and a builder image are two different toolchains; "
+                "build on the host (builder=host) or remove [toolchain.hermetic]"
+            )
+        return hermetic.ensure(
+            pins, cache=self.cache, mirror=self.settings.mirror, log=self.settings.logs / "toolchain-hermetic.log"
+        )
+
+    def host_env(self) -> dict[str, str]:
+        """This process's environment, the hermetic toolchain (when the lock has one) in place of the host's CUDA."""
+        env = dict(os.environ)
+        return self.hermetic.env(env) if self.hermetic is not None else env
+
+    @cached_property
     def toolchain(self) -> dict[str, Any]:
-        """The probed toolchain (this host's or the builder image's), checked against the lock's expectations."""
-        info = toolchain.detect(self.cache) if self.builder is None else builder_mod.detect(self.cache, self.builder)
+        """The probed toolchain (this host's, the hermetic one or the builder image's), checked against the lock."""
+        if self.builder is None or self.hermetic is not None:  # (self.hermetic refuses a builder)
+            info = toolchain.detect(self.cache, self.host_env())
+        else:
+            info = builder_mod.detect(self.cache, self.builder)
         toolchain.check_expectations(self.lock.toolchain, info, lock=self.lock.path)
         return info
 
@@ -83,6 +106,7 @@ class Context:
                 build_requires=requires,
                 reproducible=reproducible.key_section(reproducible.method()),
                 builder=self.builder.pin if self.builder is not None else None,
+                hermetic=hermetic.key_section(self.lock.toolchain.hermetic) if self.lock.toolchain.hermetic else None,
             )
             self._keys[pkg.name] = (action_key(doc), doc)
         return self._keys[pkg.name]

@@ -31,6 +31,7 @@ def key_document(
     build_requires: Mapping[str, str],
     reproducible: Mapping[str, Any] | None = None,
     builder: Mapping[str, str] | None = None,
+    hermetic: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The canonical document hashed into the action key.
 
@@ -38,7 +39,8 @@ def key_document(
     maps each build requirement to its installed version; ``reproducible`` is
     what every build gets for bit-for-bit output (``reproducible.key_section``);
     ``builder`` pins the builder image (digest or ID) a build runs in, absent
-    for host builds.
+    for host builds; ``hermetic`` is the pinned wheel set of the hermetic
+    toolchain (``hermetic.key_section``), absent when the host's CUDA builds.
     """
     jobs = set(pkg.jobs_env)
     doc = {
@@ -61,6 +63,8 @@ def key_document(
     }
     if builder:
         doc["builder"] = dict(builder)
+    if hermetic:
+        doc["hermetic_toolchain"] = dict(hermetic)
     return doc
 
 

@@ -53,6 +53,19 @@ TOOLCHAIN_EXTRAS = ("cudnn",)
 
 
 @dataclass(frozen=True, kw_only=True)
+class WheelPin:
+    """One wheel of the hermetic toolchain: an exact version and the sha256 of each acceptable file."""
+
+    name: str
+    version: str
+    hashes: tuple[str, ...]
+
+    def requirement(self) -> str:
+        """The pin as a line of a pip requirements file (``--require-hashes`` form)."""
+        return " ".join([f"{self.name}=={self.version}", *(f"--hash=sha256:{h}" for h in self.hashes)])
+
+
+@dataclass(frozen=True, kw_only=True)
 class Toolchain:
     """What the build environment must provide."""
 
@@ -61,6 +74,9 @@ class Toolchain:
     torch_cuda: str = ""
     cuda: str = ""
     archs: tuple[str, ...] = ()
+    #: ``[toolchain.hermetic]``: wheels installed into a build environment of
+    #: their own (tasks/hermetic.py) instead of using the host's CUDA; empty: off.
+    hermetic: tuple[WheelPin, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -379,7 +395,11 @@ TOOLCHAIN_FIELDS = {
     "torch_cuda": _Field(_is_specifier),
     "cuda": _Field(_is_specifier),
     "archs": _Field(_is_archs, required=True),
+    "hermetic": _Field(_is_table),
 }
+HERMETIC_FIELDS = {"requirements": _Field(_is_str_list, required=True)}
+#: ``name==version --hash=sha256:<hex> [--hash=sha256:<hex> ...]``, as ``pip hash`` and ``pip-compile`` write them.
+HASH_OPTION_RE = re.compile(r"^--hash[= ](\S*)$")
 SOURCE_COMMON = {
     "kind": _Field(_is_str, required=True),
     "tree_sha256": _Field(_is_sha256),
@@ -629,7 +649,55 @@ def _parse_toolchain(p: _Problems, raw: Any) -> Toolchain:
         torch_cuda=raw.get("torch_cuda", ""),
         cuda=raw.get("cuda", ""),
         archs=tuple(raw["archs"]),
+        hermetic=_parse_hermetic(p, raw.get("hermetic")),
     )
+
+
+def _parse_hermetic(p: _Problems, raw: Any) -> tuple[WheelPin, ...]:
+    """``[toolchain.hermetic] requirements``: each an exact ``==`` pin with at least one sha256."""
+    where = "toolchain.hermetic"
+    if raw is None or not p.check_table(where, raw, HERMETIC_FIELDS):
+        return ()
+    if not raw["requirements"]:
+        p.add(where, "requirements is empty; list the pinned wheels, or remove [toolchain.hermetic]")
+    pins: dict[str, WheelPin] = {}
+    for line in raw["requirements"]:
+        spec, *options = line.split(" --")
+        options = [f"--{o.strip()}" for o in options]
+        try:
+            req = Requirement(spec)
+        except InvalidRequirement as exc:
+            p.add(where, f"requirement {line!r} is not valid: {exc}")
+            continue
+        specs = list(req.specifier)
+        problems = []
+        if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+            problems.append(f"needs one exact version, such as '{req.name}==13.0.88'")
+        if req.url or req.extras or req.marker:
+            problems.append("takes no URL, extras or environment markers")
+        hashes = []
+        for opt in options:
+            m = HASH_OPTION_RE.match(opt)
+            if m is None:
+                name = opt.split("=")[0].split()[0]
+                problems.append(f"has unknown option {name!r}{_suggest(name, ['--hash'])}")
+            elif not (m.group(1).startswith("sha256:") and SHA256_RE.match(m.group(1)[len("sha256:") :])):
+                problems.append(f"hash {m.group(1)!r} must be 'sha256:' and 64 lowercase hex digits")
+            else:
+                hashes.append(m.group(1)[len("sha256:") :])
+        if not options:
+            problems.append(
+                "has no --hash=sha256:...; get it with `pip download --no-deps --only-binary=:all: "
+                f"'{spec.strip()}'` and `pip hash <the downloaded wheel>`"
+            )
+        key = canonicalize_name(req.name)
+        if key in pins:
+            problems.append(f"pins {req.name} a second time")
+        if problems:
+            p.add(where, f"requirement {line!r} " + "; ".join(problems))
+            continue
+        pins[key] = WheelPin(name=key, version=specs[0].version, hashes=tuple(sorted(set(hashes))))
+    return tuple(sorted(pins.values(), key=lambda w: w.name))
 
 
 def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:

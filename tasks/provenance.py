@@ -110,6 +110,15 @@ def statement(
         deps.extend(source_descriptors(sources[name], path))
     deps.extend({"name": path, "digest": {"sha256": digest}} for path, digest in patches)
     deps.append(toolchain_descriptor(key_document["toolchain"]))
+    hermetic = key_document.get("hermetic_toolchain")
+    if hermetic:  # the pinned wheel set of [toolchain.hermetic] (tasks/hermetic.py), each line with its hashes
+        deps.append(
+            {
+                "name": "hermetic-toolchain",
+                "digest": {"sha256": hermetic["sha256"]},
+                "annotations": {"requirements": list(hermetic["requirements"])},
+            }
+        )
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": filename, "digest": {"sha256": sha256}}],

@@ -41,6 +41,7 @@ STEERING_ENV = (
     "CUDNN_PATH",
     "LD_LIBRARY_PATH",
     "NVCC",
+    "PYTHONPATH",
     "VIRTUAL_ENV",
 )
 

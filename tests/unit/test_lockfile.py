@@ -181,7 +181,7 @@ def test_licenses_are_spdx_ids_or_expressions() -> None:
 
 def test_real_and_example_locks_declare_every_license() -> None:
     root = Path(__file__).resolve().parents[2]
-    for path in (root / "sources.lock", root / "examples" / "example.lock"):
+    for path in (root / "sources.lock", root / "examples" / "example.lock", root / "examples" / "hermetic.lock"):
         for src in load_lock(path).sources.values():
             assert src.license, f"{path}: source {src.name} has no license"
             assert all(sub.license for sub in src.submodules), f"{path}: a submodule of {src.name} has no license"
@@ -207,3 +207,53 @@ def test_license_expression_syntax(value: str, ok: bool) -> None:
     else:
         with pytest.raises(LockError, match="is not a valid SPDX license expression"):
             parse(doc)
+
+
+def test_hermetic_toolchain_pins_exact_versions_with_hashes() -> None:
+    doc = good_doc()
+    other = "c" * 64
+    doc["toolchain"]["hermetic"] = {
+        "requirements": [
+            f"nvidia-cuda-nvcc==13.0.88 --hash=sha256:{SHA256}",
+            f"Nvidia_NVVM==13.0.88 --hash=sha256:{other} --hash=sha256:{SHA256}",
+        ]
+    }
+    pins = parse(doc).toolchain.hermetic
+    assert [(p.name, p.version, p.hashes) for p in pins] == [
+        ("nvidia-cuda-nvcc", "13.0.88", (SHA256,)),
+        ("nvidia-nvvm", "13.0.88", (SHA256, other)),
+    ]
+    assert pins[1].requirement() == f"nvidia-nvvm==13.0.88 --hash=sha256:{SHA256} --hash=sha256:{other}"
+    assert parse(good_doc()).toolchain.hermetic == ()  # off unless the lock has the table
+
+
+def test_hermetic_toolchain_problems_are_all_reported() -> None:
+    doc = good_doc()
+    doc["toolchain"]["hermetic"] = {
+        "requirement": [],
+    }
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    assert "[toolchain.hermetic] unknown key 'requirement' (perhaps you meant 'requirements'?)" in str(err.value)
+    doc["toolchain"]["hermetic"] = {
+        "requirements": [
+            "nvidia-cuda-nvcc>=13.0",
+            f"nvidia-nvvm==13.0.* --hash=sha256:{SHA256}",
+            "nvidia-cuda-crt==13.0.88 --hash=sha256:abc",
+            f"nvidia-cuda-cccl==13.0.85 --hashes=sha256:{SHA256}",
+            f"nvidia-cuda-cccl==13.0.85 --hash=sha256:{SHA256}",
+            f"nvidia-cuda-cccl==13.0.86 --hash=sha256:{SHA256}",
+            "not a requirement",
+        ]
+    }
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    msg = str(err.value)
+    assert "6 problems" in msg
+    assert "'nvidia-cuda-nvcc>=13.0' needs one exact version, such as 'nvidia-cuda-nvcc==13.0.88'; has no --hash" in msg
+    assert "pip download --no-deps --only-binary=:all: 'nvidia-cuda-nvcc>=13.0'" in msg
+    assert "'nvidia-nvvm==13.0.* --hash" in msg
+    assert "hash 'sha256:abc' must be 'sha256:' and 64 lowercase hex digits" in msg
+    assert "has unknown option '--hashes' (perhaps you meant '--hash'?)" in msg
+    assert "pins nvidia-cuda-cccl a second time" in msg
+    assert "'not a requirement' is not valid" in msg
