@@ -5,6 +5,7 @@ Run ``doit list`` for the tasks; the README documents every variable.
 
 from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
     task_build,
+    task_bundle,
     task_export,
     task_fetch,
     task_image,
@@ -12,6 +13,7 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
     task_mirror,
     task_repro,
     task_stage,
+    task_unbundle,
     task_verify,
     task_verify_image,
     task_wheels,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import stat
 import tarfile
@@ -74,7 +75,13 @@ def pack_tree(root: Path, out: Path) -> None:
             info.mode = 0o755
         return info
 
-    with tarfile.open(out, "w:gz", format=tarfile.PAX_FORMAT) as tf:
+    # gzip's header carries a time and a file name unless told otherwise: fix both, so
+    # the same tree always packs to the same bytes (mirrors and bundles compare by hash).
+    with (
+        out.open("wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf,
+    ):
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()
             for name in sorted(filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]):

@@ -77,6 +77,12 @@ class ImageError(ReproError):
     exit_code = 19
 
 
+class BundleError(ReproError):
+    """An air-gapped bundle cannot be written, or was altered, incomplete or unreadable."""
+
+    exit_code = 20
+
+
 def debug_enabled() -> bool:
     """True when the user asked for tracebacks of expected failures."""
     return os.environ.get("REPRO_DEBUG", "") not in ("", "0")

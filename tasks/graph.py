@@ -11,6 +11,8 @@
     image           the runtime image: pinned base + wheelhouse, tagged <name>:<key12>
     verify_image    doit verify inside a container of the image
     export          the image as a docker-archive and an OCI layout, with sha256s
+    bundle          one file for an air-gapped site: wheelhouse, SBOM, image, mirror, SHA256SUMS
+    unbundle        verify a bundle and unpack it (refuses an altered one)
 
 Task creators only read the parsed lock; nothing here touches the network,
 git or a compiler while doit loads or lists tasks.
@@ -22,15 +24,17 @@ import atexit
 import functools
 import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from doit.exceptions import TaskFailed
 
 from tasks.cache import rmtree
 from tasks.context import Context
-from tasks.errors import LockError, ReproError, debug_enabled
+from tasks.errors import BundleError, LockError, ReproError, debug_enabled
 from tasks.lockfile import format_problems
 
 TaskDict = dict[str, Any]
@@ -283,6 +287,62 @@ def _do_export() -> None:
     export_image(context())
 
 
+@guarded
+def _do_bundle() -> None:
+    from tasks.bundle import write_bundle
+
+    _require_pins()
+    ctx = context()
+    st = ctx.settings
+    out = st.bundle or st.builddir / "bundle" / f"reprostack-{ctx.lock.sha256[:12]}-{st.profile}.tar"
+    image = None
+    if st.bundle_image:
+        from tasks.export import stem
+        from tasks.image import make_plan
+
+        name = stem(make_plan(ctx))
+        export = st.export_dir
+        image = [p for p in (export / f"{name}.docker.tar", export / f"{name}.oci", export / f"{name}.json")]
+        missing = [p.name for p in image if not p.exists()]
+        if missing:
+            raise BundleError(f"the exported image is missing from {export} ({', '.join(missing)}): run `doit export`")
+    mirror_dir = None
+    with tempfile.TemporaryDirectory(prefix="bundle-mirror-") as tmp:
+        if st.bundle_mirror:
+            from tasks.sources import export_mirror
+
+            mirror_dir = Path(tmp) / "mirror"
+            for _line in export_mirror(list(ctx.lock.sources.values()), cache=ctx.cache, mirror=mirror_dir):
+                pass
+        info = {"lock": ctx.lock.path.name, "lock_sha256": ctx.lock.sha256, "profile": st.profile}
+        path, digest = write_bundle(
+            out, wheels=st.wheels, image=image, mirror=mirror_dir, lock=ctx.lock.path, info=info
+        )
+    print(f"bundle {path} ({path.stat().st_size / 1e6:.1f} MB), sha256 {digest}; also {path.name}.sha256", flush=True)
+    print(
+        f"on the other side: doit unbundle bundle={path.name} dest=DIR, or without doit: "
+        f"python3 -m tasks.bundle {path.name} DIR (both verify every file first)",
+        flush=True,
+    )
+
+
+@guarded
+def _do_unbundle() -> None:
+    from tasks.bundle import unpack
+
+    st = context().settings
+    if st.bundle is None:
+        raise BundleError("doit unbundle needs the bundle file: doit unbundle bundle=FILE dest=DIR")
+    doc = unpack(st.bundle, st.dest)
+    print(f"verified {doc['verified_files']} files of {st.bundle} and unpacked them to {st.dest}", flush=True)
+    print(f"  parts: {', '.join(doc['parts'])}; lock sha256 {doc['lock_sha256']}, profile {doc['profile']}", flush=True)
+    print(
+        f"  install: pip install --no-index --find-links {st.dest}/wheels --require-hashes "
+        f"-r {st.dest}/wheels/requirements.txt",
+        flush=True,
+    )
+
+
 def _clean_wheels() -> None:
     rmtree(context().settings.wheels)
 
@@ -386,3 +446,15 @@ def task_export() -> TaskDict:
     from tasks.export import ExportCurrent
 
     return {"actions": [_do_export], "task_dep": ["image"], "uptodate": [ExportCurrent(context())], "verbosity": 2}
+
+
+def task_bundle() -> TaskDict:
+    """Write one file for an air-gapped site: wheelhouse, SBOM, SHA256SUMS (+ bundle_image, bundle_mirror)."""
+    settings = context().settings
+    deps = ["wheels", *(["export"] if settings.bundle_image else [])]
+    return {"actions": [_do_bundle], "task_dep": deps, "uptodate": [False], "verbosity": 2}
+
+
+def task_unbundle() -> TaskDict:
+    """Verify a bundle (bundle=FILE) against its SHA256SUMS and unpack it to dest=DIR; an altered bundle is refused."""
+    return {"actions": [_do_unbundle], "uptodate": [False], "verbosity": 2}

@@ -19,6 +19,10 @@ pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare (
 base       REPRO_BASE          ``doit image``: a local base image by ID, instead of the lock's digest
 builder    REPRO_BUILDER       where wheels build: ``host``, ``lock`` ([builder]) or a local image ID
 export     REPRO_EXPORT        ``doit export``: output directory (default ``<builddir>/export``)
+bundle     REPRO_BUNDLE        ``doit bundle``: file to write; ``doit unbundle``: file to read
+bundle_image REPRO_BUNDLE_IMAGE  ``doit bundle``: include the exported image (``on``/``off``, default off)
+bundle_mirror REPRO_BUNDLE_MIRROR ``doit bundle``: include the source mirror (``on``/``off``, default off)
+dest       REPRO_DEST          ``doit unbundle``: directory to create (default ``unbundled``)
 =========  ==================  ===============================================
 """
 
@@ -49,6 +53,10 @@ VARIABLES = {
     "base": ("REPRO_BASE", ""),
     "builder": ("REPRO_BUILDER", ""),
     "export": ("REPRO_EXPORT", ""),
+    "bundle": ("REPRO_BUNDLE", ""),
+    "bundle_image": ("REPRO_BUNDLE_IMAGE", "off"),
+    "bundle_mirror": ("REPRO_BUNDLE_MIRROR", "off"),
+    "dest": ("REPRO_DEST", "unbundled"),
 }
 
 
@@ -75,6 +83,10 @@ class Settings:
     base: str = ""
     builder: str = ""
     export: Path | None = None
+    bundle: Path | None = None
+    bundle_image: bool = False
+    bundle_mirror: bool = False
+    dest: Path = Path("unbundled")
 
     @property
     def logs(self) -> Path:
@@ -140,6 +152,13 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
             "(`docker image inspect --format '{{.Id}}' IMAGE`)"
         )
     export = _get("export", doit_vars)
+    bundle = _get("bundle", doit_vars)
+    switches = {}
+    for name in ("bundle_image", "bundle_mirror"):
+        value = _get(name, doit_vars)
+        if value not in ("on", "off"):
+            raise ReproError(f"{name}={value!r}: use 'on' or 'off'")
+        switches[name] = value == "on"
     return Settings(
         lock=Path(_get("lock", doit_vars)),
         profile=_get("profile", doit_vars) or "default",
@@ -157,6 +176,9 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         base=base,
         builder=builder,
         export=Path(export) if export else None,
+        bundle=Path(bundle) if bundle else None,
+        dest=Path(_get("dest", doit_vars) or "unbundled"),
+        **switches,
     )
 
 

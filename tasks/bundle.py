@@ -1,0 +1,217 @@
+"""Air-gapped delivery: one bundle file out (`doit bundle`), verified before use on the other side (`doit unbundle`).
+
+The bundle is an uncompressed tar (wheels and image layers are compressed
+already) holding one directory::
+
+    reprostack-bundle/
+        BUNDLE.json      what is inside: lock sha256, profile, parts
+        lock/            the lock file the wheels were built from
+        wheels/          the wheelhouse: wheels, manifest.json, simple/, requirements.txt,
+                         sbom.cdx.json, provenance/
+        image/           the exported image (docker-archive, OCI layout), with bundle_image=on
+        mirror/          the source mirror (trees/, archives/, index.json), with bundle_mirror=on
+        SHA256SUMS       every other file's sha256 (`sha256sum -c` input)
+
+and ``<bundle>.sha256`` beside it for checking the transfer. Entries are
+sorted, with fixed times and owners, so the same inputs give the same bundle.
+
+`doit unbundle` extracts into a temporary directory (tarfile's ``data``
+filter: no absolute paths, links out of the tree or device files), checks
+that the files are exactly those SHA256SUMS lists with exactly those hashes,
+and only then renames the directory into place; an altered bundle is refused
+and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tasks.cache import rmtree, write_atomic
+from tasks.errors import BundleError
+from tasks.treehash import file_sha256
+from tasks.wheelnorm import DEFAULT_EPOCH
+
+TOP = "reprostack-bundle"
+SUMS = "SHA256SUMS"
+FORMAT = 1
+
+
+def _files(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            yield Path(dirpath) / name
+
+
+def sums_text(root: Path) -> str:
+    """SHA256SUMS for every file under ``root`` except SHA256SUMS itself, sorted by path."""
+    lines = []
+    for path in _files(root):
+        rel = path.relative_to(root).as_posix()
+        if rel != SUMS:
+            lines.append(f"{file_sha256(path)}  {rel}\n")
+    return "".join(sorted(lines, key=lambda line: line[66:]))
+
+
+def parse_sums(text: str) -> dict[str, str]:
+    entries: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        digest, sep, rel = line.partition("  ")
+        if not sep or len(digest) != 64 or not rel:
+            raise BundleError(f"{SUMS} line {number} is malformed: {line!r}")
+        entries[rel] = digest
+    return entries
+
+
+def _add_tree(tar: tarfile.TarFile, root: Path, arcroot: str) -> None:
+    """Add ``root`` as ``arcroot`` with sorted entries, fixed times and owners, normalised modes."""
+    paths = [root, *sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix())]
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        info = tar.gettarinfo(str(path), arcname=arcroot if rel == "." else f"{arcroot}/{rel}")
+        info.mtime = DEFAULT_EPOCH
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        if info.isdir():
+            info.mode = 0o755
+            tar.addfile(info)
+        elif info.isfile():
+            info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            with path.open("rb") as fh:
+                tar.addfile(info, fh)
+        else:
+            raise BundleError(f"{path}: only regular files and directories can go into a bundle")
+
+
+def write_bundle(
+    out: Path,
+    *,
+    wheels: Path,
+    image: list[Path] | None = None,
+    mirror: Path | None = None,
+    lock: Path | None = None,
+    info: dict[str, Any],
+) -> tuple[Path, str]:
+    """Write the bundle to ``out`` atomically; return its path and sha256."""
+    if not (wheels / "manifest.json").is_file():
+        raise BundleError(f"{wheels} is not a complete wheelhouse (no manifest.json): run `doit wheels` first")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
+        top = Path(tmp) / TOP
+        shutil.copytree(wheels, top / "wheels")
+        parts = ["wheels"]
+        if lock is not None:
+            (top / "lock").mkdir()
+            shutil.copy2(lock, top / "lock" / lock.name)
+        if image:
+            (top / "image").mkdir()
+            for item in image:
+                if item.is_dir():
+                    shutil.copytree(item, top / "image" / item.name)
+                else:
+                    shutil.copy2(item, top / "image" / item.name)
+            parts.append("image")
+        if mirror is not None:
+            shutil.copytree(mirror, top / "mirror")
+            parts.append("mirror")
+        doc = {"format": FORMAT, "parts": parts, **info}
+        (top / "BUNDLE.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        sums = sums_text(top)
+        (top / SUMS).write_text(sums)
+        partial = out.with_name(f".{out.name}.partial")
+        with tarfile.open(partial, "w", format=tarfile.GNU_FORMAT) as tar:
+            _add_tree(tar, top, TOP)
+        digest = file_sha256(partial)
+        os.replace(partial, out)
+    write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")
+    return out, digest
+
+
+def check_transfer(bundle: Path) -> str | None:
+    """Compare the bundle with the ``.sha256`` file beside it, if there is one; the digest checked, or None."""
+    side = bundle.with_name(bundle.name + ".sha256")
+    if not side.is_file():
+        return None
+    expected = side.read_text().split()[0] if side.read_text().split() else ""
+    h = hashlib.sha256()
+    with bundle.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != expected:
+        raise BundleError(f"{bundle}: sha256 {h.hexdigest()} differs from {side.name} ({expected}); refusing it")
+    return expected
+
+
+def verify_tree(top: Path) -> int:
+    """Check that the files under ``top`` are exactly those SHA256SUMS lists, with those hashes; the count."""
+    sums_file = top / SUMS
+    if not sums_file.is_file():
+        raise BundleError(f"the bundle has no {TOP}/{SUMS}; refusing it")
+    listed = parse_sums(sums_file.read_text())
+    present = {p.relative_to(top).as_posix() for p in _files(top)} - {SUMS}
+    problems = [f"missing: {rel}" for rel in sorted(set(listed) - present)]
+    problems += [f"not listed in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
+    problems += [
+        f"sha256 differs: {rel}" for rel in sorted(set(listed) & present) if file_sha256(top / rel) != listed[rel]
+    ]
+    if problems:
+        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise BundleError(f"the bundle was altered or is incomplete; nothing was unpacked:\n  {shown}")
+    return len(listed)
+
+
+def unpack(bundle: Path, dest: Path) -> dict[str, Any]:
+    """Verify ``bundle`` and unpack it to ``dest`` (which must not exist); return its BUNDLE.json."""
+    if not bundle.is_file():
+        raise BundleError(f"{bundle}: no such bundle file")
+    if dest.exists():
+        raise BundleError(f"{dest} exists; choose a new dest= (unbundling never overwrites)")
+    check_transfer(bundle)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        try:
+            with tarfile.open(bundle, "r:") as tar:
+                names = tar.getnames()
+                if any(n != TOP and not n.startswith(TOP + "/") for n in names):
+                    raise BundleError(f"{bundle}: entries outside {TOP}/; refusing it")
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise BundleError(f"{bundle}: not a readable bundle ({exc}); nothing was unpacked") from None
+        top = tmp / TOP
+        count = verify_tree(top)
+        doc: dict[str, Any] = json.loads((top / "BUNDLE.json").read_text())
+        doc["verified_files"] = count
+        os.replace(top, dest)
+        return doc
+    finally:
+        rmtree(tmp)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m tasks.bundle BUNDLE DEST``: verify and unpack without doit (an air-gapped host may lack it)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python3 -m tasks.bundle BUNDLE DEST", file=sys.stderr)
+        return 2
+    try:
+        doc = unpack(Path(args[0]), Path(args[1]))
+    except BundleError as exc:
+        print(f"BundleError: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"verified {doc['verified_files']} files and unpacked them to {args[1]} (parts: {', '.join(doc['parts'])})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""Air-gapped delivery with real builds: doit bundle, then doit unbundle verifies before anything is used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from conftest import REPO, copy_cache, make_workspace
+
+from tasks.treehash import file_sha256
+
+
+def _bundle(ws_root: Path) -> Path:
+    (found,) = (ws_root / "build" / "bundle").glob("reprostack-*-quick.tar")
+    return found
+
+
+def _retar(src: Path, dest: Path, *, change: str | None = None, add: str | None = None) -> None:
+    """Copy a bundle, altering one member's bytes or adding one member."""
+    with tarfile.open(src) as tin, tarfile.open(dest, "w", format=tarfile.GNU_FORMAT) as tout:
+        for member in tin.getmembers():
+            data = tin.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+            if data is not None and member.name == change:
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            if data is None:
+                tout.addfile(member)
+            else:
+                import io
+
+                tout.addfile(member, io.BytesIO(data))
+        if add:
+            import io
+
+            info = tarfile.TarInfo(add)
+            info.size = 4
+            tout.addfile(info, io.BytesIO(b"evil"))
+
+
+def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_path: Path, server: object) -> None:
+    ws = make_workspace(tmp_path / "ws", copy_cache(quick_cache, tmp_path / "cache"), server.url)  # type: ignore[attr-defined]
+    ws.doit("wheels", "profile=quick")
+    res = ws.doit("bundle", "profile=quick", "bundle_mirror=on")
+    bundle = _bundle(ws.root)
+    assert f"sha256 {file_sha256(bundle)}" in res.stdout
+    assert (bundle.with_name(bundle.name + ".sha256")).read_text().split()[0] == file_sha256(bundle)
+
+    # The same inputs give the same bundle, byte for byte.
+    first = file_sha256(bundle)
+    ws.doit("bundle", "profile=quick", "bundle_mirror=on")
+    assert file_sha256(bundle) == first
+
+    dest = tmp_path / "site" / "stack"
+    res = ws.doit("unbundle", f"bundle={bundle}", f"dest={dest}")
+    assert "verified" in res.stdout and "parts: wheels, mirror" in res.stdout
+    manifest = json.loads((dest / "wheels" / "manifest.json").read_text())
+    for wheel in manifest["wheels"]:
+        assert file_sha256(dest / "wheels" / wheel["filename"]) == wheel["sha256"]
+    assert (dest / "wheels" / "sbom.cdx.json").is_file()
+    assert (dest / "mirror" / "index.json").is_file()
+    assert (dest / "lock" / "example.lock").read_text() == ws.lock.read_text()
+
+    # Refused: a changed wheel, an extra file, a truncated transfer; nothing is left behind.
+    (wheel_name,) = [w["filename"] for w in manifest["wheels"] if w["package"] == "repro_pure"]
+    cases = {
+        "changed": dict(change=f"reprostack-bundle/wheels/{wheel_name}"),
+        "added": dict(add="reprostack-bundle/wheels/extra.whl"),
+    }
+    for name, how in cases.items():
+        bad = tmp_path / f"{name}.tar"
+        _retar(bundle, bad, **how)  # type: ignore[arg-type]
+        out = tmp_path / "site" / name
+        res = ws.doit("unbundle", f"bundle={bad}", f"dest={out}", check=False)
+        assert res.returncode != 0, res.stdout
+        assert "the bundle was altered or is incomplete; nothing was unpacked" in res.stdout + res.stderr
+        assert not out.exists()
+        assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{name}.")]
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(bundle.read_bytes()[: bundle.stat().st_size // 2])
+    (tmp_path / "truncated.tar.sha256").write_text(bundle.with_name(bundle.name + ".sha256").read_text())
+    res = ws.doit("unbundle", f"bundle={truncated}", f"dest={tmp_path / 'site' / 't'}", check=False)
+    assert res.returncode != 0 and "differs from truncated.tar.sha256" in res.stdout + res.stderr
+
+    # Without doit, as on a host that has only Python.
+    plain = subprocess.run(
+        [sys.executable, "-m", "tasks.bundle", str(bundle), str(tmp_path / "plain")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert (tmp_path / "plain" / "wheels" / wheel_name).is_file()
