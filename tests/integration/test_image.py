@@ -198,6 +198,13 @@ def test_image_build_labels_noop_verify_export(built: Workspace, base_id: str, t
     assert labels_of(tag)["org.reprostack.image.key"] == labels["org.reprostack.image.key"]
     # A second export of the same image is up to date.
     assert "-- export" in ws.doit("export", f"base={base_id}").stdout
+    # The air-gapped bundle carries the exported image; unbundled, it is the same archive and layout.
+    ws.doit("bundle", f"base={base_id}", "bundle_image=on")
+    (bundle,) = (ws.root / "build" / "bundle").glob("*.tar")
+    site = tmp_path / "site"
+    assert "parts: wheels, image" in ws.doit("unbundle", f"bundle={bundle}", f"dest={site}").stdout
+    assert file_sha256(site / "image" / archive.name) == record["docker_archive"]["sha256"]
+    assert (site / "image" / layout.name / "index.json").read_bytes() == (layout / "index.json").read_bytes()
 
 
 def test_inputs_that_change_the_image_and_switching_back(built: Workspace, base_id: str) -> None:
