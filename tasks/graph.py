@@ -126,7 +126,11 @@ class SourceCached:
 
 
 class WheelCached:
-    """Up to date when the wheel cache holds an entry for the package's current action key."""
+    """Up to date when the wheel cache holds an entry for the package's current action key.
+
+    Only the local cache counts: the remote (remote=) is asked by the action, so
+    that `doit list` and `doit info` never touch the network.
+    """
 
     def __init__(self, package: str) -> None:
         self.package = package
@@ -241,6 +245,25 @@ def _do_wheels() -> None:
 
 
 @guarded
+def _do_shard(names: list[str]) -> None:
+    from tasks.build import build_package
+
+    _require_pins()
+    ctx = context()
+    shard = ctx.settings.shard
+    assert shard is not None
+    for name in names:
+        entry = build_package(ctx, ctx.package(name))  # cached, restored or built by build:<name>
+        print(f"  {name}: {entry.path.name}", flush=True)
+    where = f"; uploaded to {ctx.settings.remote}" if ctx.settings.remote_write else ""
+    print(
+        f"shard {shard[0]}/{shard[1]}: {len(names)} of {len(ctx.packages)} package(s) in the wheel cache{where}; "
+        "wheels/ is not assembled by a shard (run `doit wheels remote=...` without shard= once all shards ran)",
+        flush=True,
+    )
+
+
+@guarded
 def _do_verify() -> None:
     from tasks.verify import run_verify
 
@@ -348,8 +371,18 @@ def task_build() -> Iterator[TaskDict]:
 
 
 def task_wheels() -> TaskDict:
-    """Assemble wheels/: the lock's wheels, manifest.json, simple/ index, requirements.txt."""
+    """Assemble wheels/: the lock's wheels, manifest.json, simple/ index, requirements.txt (shard=i/N: a share)."""
     ctx = context()
+    if ctx.settings.shard is not None:
+        from tasks.remote import shard_packages
+
+        names = shard_packages([p.name for p in ctx.packages], ctx.settings.shard)
+        return {
+            "actions": [(_do_shard, [names])],
+            "task_dep": [f"build:{n}" for n in names],
+            "uptodate": [False],
+            "verbosity": 2,
+        }
     return {
         "actions": [_do_wheels],
         "task_dep": [f"build:{p.name}" for p in ctx.packages],
