@@ -359,10 +359,6 @@ def task_stage() -> Iterator[TaskDict]:
 def task_build() -> Iterator[TaskDict]:
     """Build each package's wheel into the wheel cache (reused while its action key is unchanged)."""
     ctx = context()
-    if ctx.settings.remote:
-        from tasks.remote import preload
-
-        preload()  # no network: only the import, in the main thread
     for pkg in ctx.packages:
         yield {
             "name": pkg.name,

@@ -205,16 +205,6 @@ class Remote:
             warn(f"remote cache {self.url} unavailable ({problem}); not consulted again in this run, building locally")
 
 
-def preload() -> None:
-    """Import the HTTP client in the main thread, before doit's worker threads run builds.
-
-    requests pulls in compiled extensions (charset_normalizer); importing them
-    first in a worker thread while other threads write output crashed CPython
-    3.11 now and then (a segfault in doit's output writer).
-    """
-    import requests  # noqa: F401
-
-
 class _Retry(Exception):
     pass
 
