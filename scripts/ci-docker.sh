@@ -3,7 +3,7 @@
 # runtime base image. Prints the base's image ID on stdout (for REPRO_TEST_BASE);
 # progress goes to stderr.
 #
-#   - docker, skopeo, mmdebstrap, docker-registry: installed from Debian's
+#   - docker, skopeo, mmdebstrap, docker-registry, nginx: installed from Debian's
 #     packages when missing (needs root or sudo, and the Debian mirror once);
 #   - dockerd: started in the background when `docker info` fails, its log in
 #     build/dockerd.log (it keeps running after CI, so the next run is quick);
@@ -21,6 +21,7 @@ fi
 command -v skopeo >/dev/null || missing+=(skopeo)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v docker-registry >/dev/null || missing+=(docker-registry)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)  # the remote cache tests' server
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     $SUDO apt-get update -q >&2

@@ -151,7 +151,10 @@ def _normalised(raw: Path, out: Path, pkg: Package, log: Path) -> Path:
 
 
 def build_package(ctx: Context, pkg: Package) -> WheelEntry:
-    """The verified cache entry of ``pkg``'s wheel, built now if absent or corrupted."""
+    """The verified cache entry of ``pkg``'s wheel: the local cache's, the remote's (remote=), or built now.
+
+    A wheel built here goes to the remote too when remote_write=on.
+    """
     key, doc = ctx.key(pkg)
     entry = ctx.cache.get_wheel(key)
     if entry is not None:
@@ -160,7 +163,15 @@ def build_package(ctx: Context, pkg: Package) -> WheelEntry:
         entry = ctx.cache.get_wheel(key)
         if entry is not None:
             return entry
-        return _build(ctx, pkg, key, doc)
+        if ctx.remote is not None:
+            entry = ctx.remote.restore(ctx.cache, pkg.name, key)
+            if entry is not None:
+                ctx.record(Outcome(package=pkg.name, status="restored"))
+                return entry
+        entry = _build(ctx, pkg, key, doc)
+        if ctx.remote is not None:
+            ctx.remote.upload(entry, pkg.name, doc)
+        return entry
 
 
 def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> WheelEntry:

@@ -21,6 +21,7 @@ from tasks.jobserver import JobServer, plan_budget
 from tasks.keys import action_key, key_document
 from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
 from tasks.objcache import ObjectCache
+from tasks.remote import Remote
 from tasks.settings import Settings, load_settings
 from tasks.timeline import Outcome
 from tasks.treehash import file_sha256
@@ -73,6 +74,12 @@ class Context:
         return hermetic.ensure(
             pins, cache=self.cache, mirror=self.settings.mirror, log=self.settings.logs / "toolchain-hermetic.log"
         )
+
+    @cached_property
+    def remote(self) -> Remote | None:
+        """The remote wheel cache (remote=), or None; no network until a build asks it."""
+        s = self.settings
+        return Remote(s.remote, write=s.remote_write, timeout=s.remote_timeout) if s.remote else None
 
     def host_env(self) -> dict[str, str]:
         """This process's environment, the hermetic toolchain (when the lock has one) in place of the host's CUDA."""

@@ -39,6 +39,13 @@ from tasks.lockfile import format_problems
 
 TaskDict = dict[str, Any]
 
+#: Every task prints straight to the console, uncaptured. doit's capture swaps
+#: the process-wide sys.stdout for a per-action writer over a StringIO; with
+#: tasks in threads (the default here) two actions then write into one
+#: StringIO at once, which crashed doit with a segfault in about one run of
+#: five of the remote-cache tests. Each build's full output is in its own log.
+CONSOLE: dict[str, Any] = {"verbosity": 2, "io": {"capture": False}}
+
 
 @functools.cache
 def context() -> Context:
@@ -130,7 +137,11 @@ class SourceCached:
 
 
 class WheelCached:
-    """Up to date when the wheel cache holds an entry for the package's current action key."""
+    """Up to date when the wheel cache holds an entry for the package's current action key.
+
+    Only the local cache counts: the remote (remote=) is asked by the action, so
+    that `doit list` and `doit info` never touch the network.
+    """
 
     def __init__(self, package: str) -> None:
         self.package = package
@@ -245,6 +256,25 @@ def _do_wheels() -> None:
 
 
 @guarded
+def _do_shard(names: list[str]) -> None:
+    from tasks.build import build_package
+
+    _require_pins()
+    ctx = context()
+    shard = ctx.settings.shard
+    assert shard is not None
+    for name in names:
+        entry = build_package(ctx, ctx.package(name))  # cached, restored or built by build:<name>
+        print(f"  {name}: {entry.path.name}", flush=True)
+    where = f"; uploaded to {ctx.settings.remote}" if ctx.settings.remote_write else ""
+    print(
+        f"shard {shard[0]}/{shard[1]}: {len(names)} of {len(ctx.packages)} package(s) in the wheel cache{where}; "
+        "wheels/ is not assembled by a shard (run `doit wheels remote=...` without shard= once all shards ran)",
+        flush=True,
+    )
+
+
+@guarded
 def _do_verify() -> None:
     from tasks.verify import run_verify
 
@@ -352,7 +382,7 @@ def _clean_wheels() -> None:
 
 def task_lock() -> TaskDict:
     """Resolve refs to commits and fill in hashes in the lock file (update=NAMES|all re-resolves)."""
-    return {"actions": [_do_lock], "uptodate": [False], "verbosity": 2}
+    return {"actions": [_do_lock], "uptodate": [False], **CONSOLE}
 
 
 def task_fetch() -> Iterator[TaskDict]:
@@ -363,7 +393,7 @@ def task_fetch() -> Iterator[TaskDict]:
             "name": name,
             "actions": [(_do_fetch, [name])],
             "uptodate": [SourceCached(name)],
-            "verbosity": 2,
+            **CONSOLE,
             "doc": f"fetch and verify source {name}",
         }
 
@@ -375,7 +405,7 @@ def task_mirror() -> TaskDict:
         "actions": [_do_mirror],
         "task_dep": [f"fetch:{n}" for n in ctx.lock.sources],
         "uptodate": [False],
-        "verbosity": 2,
+        **CONSOLE,
     }
 
 
@@ -388,7 +418,7 @@ def task_stage() -> Iterator[TaskDict]:
             "actions": [(_do_stage, [pkg.name])],
             "task_dep": [f"fetch:{s}" for s in pkg.source_names()],
             "uptodate": [False],
-            "verbosity": 2,
+            **CONSOLE,
             "doc": f"stage patched sources of {pkg.name}",
         }
 
@@ -402,59 +432,69 @@ def task_build() -> Iterator[TaskDict]:
             "actions": [(_do_build, [pkg.name])],
             "task_dep": [f"fetch:{s}" for s in pkg.source_names()],
             "uptodate": [WheelCached(pkg.name)],
-            "verbosity": 2,
+            **CONSOLE,
             "doc": f"build the wheel of {pkg.name}",
         }
 
 
 def task_wheels() -> TaskDict:
-    """Assemble wheels/: the lock's wheels, manifest.json, simple/ index, requirements.txt."""
+    """Assemble wheels/: the lock's wheels, manifest.json, simple/ index, requirements.txt (shard=i/N: a share)."""
     ctx = context()
+    if ctx.settings.shard is not None:
+        from tasks.remote import shard_packages
+
+        names = shard_packages([p.name for p in ctx.packages], ctx.settings.shard)
+        return {
+            "actions": [(_do_shard, [names])],
+            "task_dep": [f"build:{n}" for n in names],
+            "uptodate": [False],
+            **CONSOLE,
+        }
     return {
         "actions": [_do_wheels],
         "task_dep": [f"build:{p.name}" for p in ctx.packages],
         "uptodate": [WheelhouseCurrent()],
         "clean": [_clean_wheels],
-        "verbosity": 2,
+        **CONSOLE,
     }
 
 
 def task_verify() -> TaskDict:
     """Install the wheelhouse into a scratch venv and check imports, linkage, archs, GPU smoke tests."""
-    return {"actions": [_do_verify], "task_dep": ["wheels"], "uptodate": [False], "verbosity": 2}
+    return {"actions": [_do_verify], "task_dep": ["wheels"], "uptodate": [False], **CONSOLE}
 
 
 def task_repro() -> TaskDict:
     """Rebuild packages (pkgs=a,b; default all) in a second directory and compare with wheels/ bit for bit."""
-    return {"actions": [_do_repro], "task_dep": ["wheels"], "uptodate": [False], "verbosity": 2}
+    return {"actions": [_do_repro], "task_dep": ["wheels"], "uptodate": [False], **CONSOLE}
 
 
 def task_image() -> TaskDict:
     """Build the runtime image: the lock's pinned base plus the wheelhouse, installed offline."""
     from tasks.image import ImageCurrent
 
-    return {"actions": [_do_image], "task_dep": ["wheels"], "uptodate": [ImageCurrent(context())], "verbosity": 2}
+    return {"actions": [_do_image], "task_dep": ["wheels"], "uptodate": [ImageCurrent(context())], **CONSOLE}
 
 
 def task_verify_image() -> TaskDict:
     """Run doit verify inside a container of the runtime image (--gpus all where a GPU is usable)."""
-    return {"actions": [_do_verify_image], "task_dep": ["image"], "uptodate": [False], "verbosity": 2}
+    return {"actions": [_do_verify_image], "task_dep": ["image"], "uptodate": [False], **CONSOLE}
 
 
 def task_export() -> TaskDict:
     """Write the runtime image as a docker-archive and an OCI layout, with their sha256s (export=DIR)."""
     from tasks.export import ExportCurrent
 
-    return {"actions": [_do_export], "task_dep": ["image"], "uptodate": [ExportCurrent(context())], "verbosity": 2}
+    return {"actions": [_do_export], "task_dep": ["image"], "uptodate": [ExportCurrent(context())], **CONSOLE}
 
 
 def task_bundle() -> TaskDict:
     """Write one file for an air-gapped site: wheelhouse, SBOM, SHA256SUMS (+ bundle_image, bundle_mirror)."""
     settings = context().settings
     deps = ["wheels", *(["export"] if settings.bundle_image else [])]
-    return {"actions": [_do_bundle], "task_dep": deps, "uptodate": [False], "verbosity": 2}
+    return {"actions": [_do_bundle], "task_dep": deps, "uptodate": [False], **CONSOLE}
 
 
 def task_unbundle() -> TaskDict:
     """Verify a bundle (bundle=FILE) against its SHA256SUMS and unpack it to dest=DIR; an altered bundle is refused."""
-    return {"actions": [_do_unbundle], "uptodate": [False], "verbosity": 2}
+    return {"actions": [_do_unbundle], "uptodate": [False], **CONSOLE}

@@ -23,6 +23,10 @@ bundle     REPRO_BUNDLE        ``doit bundle``: file to write; ``doit unbundle``
 bundle_image REPRO_BUNDLE_IMAGE  ``doit bundle``: include the exported image (``on``/``off``, default off)
 bundle_mirror REPRO_BUNDLE_MIRROR ``doit bundle``: include the source mirror (``on``/``off``, default off)
 dest       REPRO_DEST          ``doit unbundle``: directory to create (default ``unbundled``)
+remote     REPRO_REMOTE        remote wheel cache: an http(s) URL of a Bazel HTTP remote cache (tasks/remote.py)
+remote_write REPRO_REMOTE_WRITE  ``on``: upload wheels built in this run to the remote; ``off`` (default): read only
+remote_timeout REPRO_REMOTE_TIMEOUT  seconds per remote request (default 10); 3 tries each
+shard      REPRO_SHARD         ``i/N``: ``doit wheels`` builds only shard i of N of the packages, assembles nothing
 =========  ==================  ===============================================
 """
 
@@ -57,6 +61,10 @@ VARIABLES = {
     "bundle_image": ("REPRO_BUNDLE_IMAGE", "off"),
     "bundle_mirror": ("REPRO_BUNDLE_MIRROR", "off"),
     "dest": ("REPRO_DEST", "unbundled"),
+    "remote": ("REPRO_REMOTE", ""),
+    "remote_write": ("REPRO_REMOTE_WRITE", "off"),
+    "remote_timeout": ("REPRO_REMOTE_TIMEOUT", "10"),
+    "shard": ("REPRO_SHARD", ""),
 }
 
 
@@ -87,6 +95,10 @@ class Settings:
     bundle_image: bool = False
     bundle_mirror: bool = False
     dest: Path = Path("unbundled")
+    remote: str = ""
+    remote_write: bool = False
+    remote_timeout: float = 10.0
+    shard: tuple[int, int] | None = None
 
     @property
     def logs(self) -> Path:
@@ -159,6 +171,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         if value not in ("on", "off"):
             raise ReproError(f"{name}={value!r}: use 'on' or 'off'")
         switches[name] = value == "on"
+    remote, remote_write, remote_timeout = _remote(doit_vars)
     return Settings(
         lock=Path(_get("lock", doit_vars)),
         profile=_get("profile", doit_vars) or "default",
@@ -179,7 +192,41 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         bundle=Path(bundle) if bundle else None,
         dest=Path(_get("dest", doit_vars) or "unbundled"),
         **switches,
+        remote=remote,
+        remote_write=remote_write,
+        remote_timeout=remote_timeout,
+        shard=parse_shard(_get("shard", doit_vars)),
     )
+
+
+def _remote(doit_vars: dict[str, str]) -> tuple[str, bool, float]:
+    remote = _get("remote", doit_vars).strip().rstrip("/")
+    if remote and not remote.startswith(("http://", "https://")):
+        raise ReproError(f"remote={remote!r}: give the http(s) URL of a Bazel HTTP remote cache, e.g. http://cache:8080")
+    write = _get("remote_write", doit_vars)
+    if write not in ("on", "off"):
+        raise ReproError(f"remote_write={write!r}: use 'on' (upload built wheels) or 'off' (read only)")
+    if write == "on" and not remote:
+        raise ReproError("remote_write=on needs remote=URL (or REPRO_REMOTE)")
+    raw = _get("remote_timeout", doit_vars)
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = -1.0
+    if not timeout > 0:
+        raise ReproError(f"remote_timeout={raw!r}: give seconds per request as a positive number, e.g. 10")
+    return remote, write == "on", timeout
+
+
+def parse_shard(raw: str) -> tuple[int, int] | None:
+    """``i/N`` (1 <= i <= N) as ``(i, N)``; empty: no sharding."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    i, sep, n = raw.partition("/")
+    if sep and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n):
+        return int(i), int(n)
+    raise ReproError(f"shard={raw!r}: give i/N with 1 <= i <= N, e.g. shard=2/4 (the second of four shards)")
 
 
 def _doit_vars() -> dict[str, str]:

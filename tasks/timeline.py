@@ -31,7 +31,7 @@ class Outcome:
     """What happened to one package in this run."""
 
     package: str
-    status: str  # "built" or "cached"
+    status: str  # "built", "cached" or "restored" (from the remote cache)
     start: float = 0.0  # time.time() at start
     wall_s: float = 0.0
     cpu_s: float = 0.0
@@ -87,7 +87,7 @@ def summary_table(outcomes: Iterable[Outcome]) -> str:
                 f"{o.object_hits}/{o.object_misses}",
             ))  # fmt: skip
         else:
-            rows.append((o.package, "cached", "-", "-", "-", "-", "-"))
+            rows.append((o.package, o.status, "-", "-", "-", "-", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

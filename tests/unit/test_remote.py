@@ -1,0 +1,93 @@
+"""The remote cache's record checks, shard assignment and settings."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.cache import Cache
+from tasks.errors import ReproError
+from tasks.keys import action_key
+from tasks.remote import Remote, check_record, shard_packages
+from tasks.settings import load_settings, parse_shard
+
+DOC = {"package": "p", "recipe_format": 2}
+KEY = action_key(DOC)
+GOOD = {"filename": "p-1.0-py3-none-any.whl", "sha256": "a" * 64, "size": 10, "key": KEY, "key_document": DOC}
+
+
+def raw(**changes: object) -> bytes:
+    return json.dumps({**GOOD, **changes}).encode()
+
+
+def test_good_record_is_accepted() -> None:
+    assert check_record(raw(), KEY) == GOOD
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"filename": "../evil.whl"}, "not a wheel file name"),
+        ({"filename": "p.tar.gz"}, "not a wheel file name"),
+        ({"sha256": "A" * 64}, "not a sha256"),
+        ({"size": 0}, "positive number"),
+        ({"size": True}, "positive number"),
+        ({"key": "b" * 64}, "record of key"),
+        ({"key_document": {"package": "other"}}, "does not hash"),
+    ],
+)
+def test_bad_records_are_rejected(changes: dict[str, object], problem: str) -> None:
+    result = check_record(raw(**changes), KEY)
+    assert isinstance(result, str) and problem in result
+
+
+def test_garbage_record_is_rejected() -> None:
+    assert "not JSON" in str(check_record(b"\x00garbage", KEY))
+    assert "not a JSON object" in str(check_record(b"[1]", KEY))
+
+
+def test_shards_partition_the_packages_stably() -> None:
+    names = ["e", "a", "d", "c", "b"]
+    shards = [shard_packages(names, (i, 3)) for i in (1, 2, 3)]
+    assert shards == [["a", "d"], ["b", "e"], ["c"]]
+    assert sorted(n for s in shards for n in s) == sorted(names)
+    assert shard_packages(list(reversed(names)), (2, 3)) == ["b", "e"]
+
+
+def test_shard_setting() -> None:
+    assert parse_shard("") is None
+    assert parse_shard("2/4") == (2, 4)
+    for bad in ("0/4", "5/4", "2", "a/b", "2/0"):
+        with pytest.raises(ReproError, match="shard="):
+            parse_shard(bad)
+
+
+def test_remote_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("REPRO_REMOTE", "REPRO_REMOTE_WRITE", "REPRO_REMOTE_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    s = load_settings({"remote": "http://cache:8080/", "remote_write": "on", "remote_timeout": "2.5"})
+    assert (s.remote, s.remote_write, s.remote_timeout) == ("http://cache:8080", True, 2.5)
+    assert load_settings({}).remote_write is False
+    with pytest.raises(ReproError, match="http"):
+        load_settings({"remote": "cache:8080"})
+    with pytest.raises(ReproError, match="needs remote"):
+        load_settings({"remote_write": "on"})
+    with pytest.raises(ReproError, match="remote_timeout"):
+        load_settings({"remote": "http://x", "remote_timeout": "0"})
+
+
+def test_unreachable_remote_is_a_warning_and_given_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends
+    remote = Remote(f"http://127.0.0.1:{port}", write=True, timeout=1)
+    started = time.monotonic()
+    assert remote.restore(Cache(tmp_path / "cache"), "p", KEY) is None
+    assert remote.restore(Cache(tmp_path / "cache"), "q", KEY) is None  # not asked again
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert err.count("WARNING: remote cache") == 1 and "not consulted again" in err
