@@ -3,6 +3,7 @@
 Run ``doit list`` for the tasks; the README documents every variable.
 """
 
+from tasks import console
 from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
     task_build,
     task_bundle,
@@ -18,6 +19,8 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
     task_verify_image,
     task_wheels,
 )
+
+console.install()  # whole lines on the console while tasks run in threads
 
 DOIT_CONFIG = {
     "default_tasks": ["wheels"],
