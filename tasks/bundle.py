@@ -24,7 +24,6 @@ and leaves nothing behind.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -140,13 +139,11 @@ def check_transfer(bundle: Path) -> str | None:
     side = bundle.with_name(bundle.name + ".sha256")
     if not side.is_file():
         return None
-    expected = side.read_text().split()[0] if side.read_text().split() else ""
-    h = hashlib.sha256()
-    with bundle.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    if h.hexdigest() != expected:
-        raise BundleError(f"{bundle}: sha256 {h.hexdigest()} differs from {side.name} ({expected}); refusing it")
+    words = side.read_text().split()
+    expected = words[0] if words else ""
+    actual = file_sha256(bundle)
+    if actual != expected:
+        raise BundleError(f"{bundle}: sha256 {actual} differs from {side.name} ({expected}); refusing it")
     return expected
 
 

@@ -164,7 +164,7 @@ class Context:
                     found = objcache.setup(
                         self.cache.objects,
                         max_size=self.settings.objcache_size,
-                        work=self.settings.builddir.absolute() / "jobserver",
+                        work=self.settings.builddir.absolute() / "objcache",
                         search_path=os.environ["PATH"],
                     )
                     if found is None:

@@ -59,22 +59,6 @@ def context() -> Context:
         raise SystemExit(exc.exit_code) from None
 
 
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Report expected failures as a clean message (a traceback only with REPRO_DEBUG=1)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            fn(*args, **kwargs)
-        except ReproError as exc:
-            if debug_enabled():
-                traceback.print_exc()
-            return TaskFailed(f"{exc.__class__.__name__}: {exc}")
-        return None
-
-    return wrapper
-
-
 #: The exit status an expected failure asked for (see :func:`exiting`); applied when the process ends.
 _exit_status: list[int] = []
 
@@ -90,13 +74,7 @@ def _exit_with_status() -> None:
 atexit.register(_exit_with_status)
 
 
-def exiting(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Like :func:`guarded`, but an expected failure ends doit with the error's own exit status.
-
-    The task fails as usual (doit runs it in a worker thread, where raising
-    SystemExit would not end the process); the status is applied at exit.
-    """
-
+def _guard(fn: Callable[..., Any], *, own_status: bool) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -104,12 +82,27 @@ def exiting(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ReproError as exc:
             if debug_enabled():
                 traceback.print_exc()
-            print(f"{exc.__class__.__name__}: {exc}", file=sys.stderr, flush=True)
+            message = f"{exc.__class__.__name__}: {exc}"
+            if not own_status:
+                return TaskFailed(message)
+            # doit runs the task in a worker thread, where SystemExit would not
+            # end the process: fail the task, apply the status at exit.
+            print(message, file=sys.stderr, flush=True)
             _exit_status[:] = [exc.exit_code]
             return TaskFailed(f"{exc.__class__.__name__} (exit status {exc.exit_code}); the message is above")
         return None
 
     return wrapper
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Report expected failures as a clean message (a traceback only with REPRO_DEBUG=1)."""
+    return _guard(fn, own_status=False)
+
+
+def exiting(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Like :func:`guarded`, but the message goes to stderr and doit exits with the error's own status."""
+    return _guard(fn, own_status=True)
 
 
 def _require_pins() -> None:

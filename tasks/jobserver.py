@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -124,7 +125,7 @@ class JobServer:
         if self.clients and real:
             self.bin.mkdir(exist_ok=True)
             shim = self.bin / "ninja"
-            shim.write_text(_SHIM.format(real=_sh_quote(os.path.abspath(real)), fifo=_sh_quote(str(self.fifo))))
+            shim.write_text(_SHIM.format(real=shlex.quote(os.path.abspath(real)), fifo=shlex.quote(str(self.fifo))))
             shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         atexit.register(self.close)
 
@@ -180,10 +181,6 @@ class JobServer:
 
 def _fmt(version: tuple[int, ...] | None) -> str:
     return ".".join(map(str, version)) if version else "?"
-
-
-def _sh_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 #: Lines compilers and build drivers print when the kernel's OOM killer or an
