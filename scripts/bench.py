@@ -15,7 +15,12 @@ parallel, under the run's one job budget) and takes each package's figures
 from that run's build timeline (``build/trace.json``); the whole run's wall
 time, CPU time and peak memory are measured around it, beside the CPU-bound
 lower bound (total CPU time over cores). ``--baseline`` also builds the same staged, patched trees with plain
-`pip wheel --no-build-isolation --no-deps` one after another.
+`pip wheel --no-build-isolation --no-deps` one after another (``--deadline``
+stops them and reports what did not finish). ``--remote`` uploads the cold
+build to a loopback HTTP cache (scripts/cache_server.py) and times a fresh
+workspace restoring from it; ``--edit PKG:FILE`` times the rebuild after a
+patch adds one line of code to one source file, then rebuilds the unedited
+package from the object cache and compares its wheel with the cold one.
 """
 
 from __future__ import annotations
@@ -68,20 +73,55 @@ class MemorySampler:
         self._thread.join()
 
 
+def cores() -> int:
+    """The CPUs this process may run on (taskset and cgroup cpusets included), not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def timed(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> tuple[float, float, float]:
     """Run cmd; return (wall s, CPU s of its process tree, peak host memory above the start, GB)."""
-    with log.open("ab") as out, MemorySampler() as mem:
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _pid, status, usage = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - start
-    code = os.waitstatus_to_exitcode(status)
+    wall, cpu, mem, code = run_until(cmd, cwd=cwd, env=env, log=log)
     if code != 0:
         sys.exit(f"{' '.join(cmd)} failed ({code}); see {log}")
-    return wall, usage.ru_utime + usage.ru_stime, max(0.0, mem.peak - mem.base)
+    return wall, cpu, mem
 
 
-def doit_cmd(args: argparse.Namespace, work: Path, *targets: str) -> list[str]:
+def run_until(
+    cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path, deadline: float | None = None
+) -> tuple[float, float, float, int | None]:
+    """Like timed, but stops the command's process group at ``deadline`` (time.monotonic()).
+
+    Returns (wall s, CPU s, peak GB, exit code), the exit code None where the deadline stopped it.
+    """
+    with log.open("ab") as out, MemorySampler() as mem:
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        stopped = False
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if deadline is not None and not stopped and time.monotonic() >= deadline:
+                os.killpg(proc.pid, 9)
+                stopped = True
+            time.sleep(0.2)
+        wall = time.monotonic() - start
+    code = None if stopped else os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_utime + usage.ru_stime, max(0.0, mem.peak - mem.base), code
+
+
+def doit_cmd(args: argparse.Namespace, work: Path, *targets: str, lock: Path | None = None) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -91,7 +131,7 @@ def doit_cmd(args: argparse.Namespace, work: Path, *targets: str) -> list[str]:
         "-d",
         str(work),
         *targets,
-        f"lock={args.lock.resolve()}",
+        f"lock={(lock or args.lock).resolve()}",
         f"cache={work / 'cache'}",
         f"profile={args.profile}",
     ]
@@ -111,6 +151,48 @@ def packages(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     return [p.name for p in load_lock(args.lock.resolve()).resolve(args.profile)]
 
 
+def one_line_patch(tree: Path, rel: str, number: int) -> str:
+    """A patch (for `patches/<pkg>/`) that adds one line of code at the end of ``rel`` in the staged ``tree``."""
+    import difflib
+
+    old = (tree / rel).read_text().splitlines(keepends=True)
+    if old and not old[-1].endswith("\n"):
+        old[-1] += "\n"
+    new = [*old, f"[[maybe_unused]] static const int reprostack_bench_edit_{number} = {number};\n"]
+    body = "".join(difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}"))
+    return f"Benchmark edit: one added line of code in {rel}.\n\n{body}"
+
+
+def edited_lock(args: argparse.Namespace, work: Path, pkg: str, rel: str) -> Path:
+    """A copy of the lock (and its patches/) whose ``pkg`` carries one more patch, adding a line to ``rel``."""
+    import tomlkit
+
+    dest = work / "edit"
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    doc = tomlkit.parse(args.lock.read_text())
+    patches_dir = str(doc.get("patches_dir", "patches"))
+    src = args.lock.resolve().parent / patches_dir
+    if src.is_dir():
+        shutil.copytree(src, dest / patches_dir)
+    table: Any = doc["packages"][pkg]
+    patches = list(table.get("patches", []))
+    name = "9999-bench-one-line-edit.patch"
+    staged = work / "build" / "stage" / pkg
+    (dest / patches_dir / pkg).mkdir(parents=True, exist_ok=True)
+    (dest / patches_dir / pkg / name).write_text(one_line_patch(staged, rel, 1))
+    table["patches"] = [*patches, name]
+    out = dest / Path(args.lock).name
+    out.write_text(tomlkit.dumps(doc))
+    return out
+
+
+def entry_meta(work: Path, key: str) -> dict[str, Any]:
+    d = work / "cache" / "wheels" / key[:2] / key
+    return dict(json.loads((d / "entry.json").read_text()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lock", type=Path, default=REPO / "sources.lock")
@@ -121,10 +203,17 @@ def main() -> int:
     ap.add_argument("--stack", action="store_true", help="one parallel `doit wheels` for all packages")
     ap.add_argument("--work", type=Path, help="scratch directory (default: a temporary one)")
     ap.add_argument("--baseline", action="store_true", help="also build with plain pip wheel")
-    ap.add_argument("--verify", action="store_true", help="run `doit verify` on the wheelhouse before the baseline")
+    ap.add_argument("--baseline-order", help="comma-separated plain-build order (default: the lock's)")
+    ap.add_argument(
+        "--deadline", type=float, help="stop plain builds this many seconds after the start (reported as stopped)"
+    )
+    ap.add_argument("--verify", action="store_true", help="run `doit verify` on the wheelhouse (beside the baseline)")
+    ap.add_argument("--remote", action="store_true", help="upload to a loopback cache; time a fresh restore")
+    ap.add_argument("--edit", metavar="PKG:FILE", help="rebuild PKG after a patch adds one line of code to FILE")
     ap.add_argument("--example", action="store_true", help="benchmark examples/example.lock on a loopback server")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    began = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     server = None
     if args.example:
@@ -145,12 +234,18 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "bench.log"
     names = packages(args, env)
+    ncores = cores()
     result: dict[str, Any] = {
-        "host": {"machine": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "host": {"machine": platform.node(), "cpus": ncores, "python": platform.python_version()},
         "lock": str(args.lock),
         "profile": args.profile,
-        "packages": {},
+        "packages": {n: {} for n in names},
     }
+
+    def save() -> None:
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+
     try:
         gpu = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=False
@@ -158,18 +253,30 @@ def main() -> int:
     except OSError:
         gpu = ""
     result["host"]["gpu"] = gpu or "none"
+    print(f"host: {result['host']}", flush=True)
+
+    cache_server = None
+    if args.remote:
+        sys.path.insert(0, str(REPO / "scripts"))
+        from cache_server import CacheServer
+
+        cache_server = CacheServer(work / "remote").start()
+        remote_vars = [f"remote={cache_server.url}"]
+    else:
+        remote_vars = []
 
     # Sources first, so the per-package figures are compile time only.
     wall, cpu, _ = timed(doit_cmd(args, work, "fetch"), cwd=work, env=env, log=log)
     result["fetch_s"] = round(wall, 2)
     if args.stack:
-        wall, cpu, mem = timed(doit_cmd(args, work, "wheels"), cwd=work, env=env, log=log)
+        cmd = doit_cmd(args, work, "wheels") + remote_vars + (["remote_write=on"] if args.remote else [])
+        wall, cpu, mem = timed(cmd, cwd=work, env=env, log=log)
         result["stack"] = {
             "cold_wall_s": round(wall, 1),
             "cold_cpu_s": round(cpu, 1),
             "peak_mem_gb": round(mem, 1),
-            "cores": os.cpu_count(),
-            "cpu_lower_bound_s": round(cpu / (os.cpu_count() or 1), 1),
+            "cores": ncores,
+            "cpu_lower_bound_s": round(cpu / ncores, 1),
         }
         budget = [line for line in log.read_text().splitlines() if line.startswith("job budget:")]
         result["stack"]["budget"] = budget[-1] if budget else ""
@@ -177,15 +284,20 @@ def main() -> int:
         for ev in trace["traceEvents"]:
             if ev.get("cat") == "package":
                 name = ev["name"].removeprefix("build ")
-                result["packages"][name] = {
+                result["packages"][name] |= {
                     "cold_wall_s": round(ev["dur"] / 1e6, 1),
                     "cold_cpu_s": ev["args"]["cpu_s"],
                     "peak_mem_gb": round(ev["args"]["max_rss_mb"] / 1024, 1),
                 }
+        critical = max((p.get("cold_wall_s", 0.0) for p in result["packages"].values()), default=0.0)
+        result["stack"]["longest_package_s"] = critical
+        bound = max(result["stack"]["cpu_lower_bound_s"], critical)
+        result["stack"]["ratio_to_bound"] = round(wall / bound, 3) if bound else None
         result["cold_total_s"] = round(wall + result["fetch_s"], 1)
         print(
             f"cold stack: {wall:.1f} s wall, {cpu:.0f} s CPU, peak {mem:.1f} GB; "
-            f"CPU-bound lower bound {result['stack']['cpu_lower_bound_s']} s",
+            f"CPU-bound lower bound {result['stack']['cpu_lower_bound_s']} s ({cpu:.0f} CPU s / {ncores} cores), "
+            f"longest package {critical} s; wall / max(bound, longest) = {result['stack']['ratio_to_bound']}",
             flush=True,
         )
     else:
@@ -193,7 +305,7 @@ def main() -> int:
         for name in names:
             wall, cpu, mem = timed(doit_cmd(args, work, f"build:{name}"), cwd=work, env=env, log=log)
             total += wall
-            result["packages"][name] = {
+            result["packages"][name] |= {
                 "cold_wall_s": round(wall, 1),
                 "cold_cpu_s": round(cpu, 1),
                 "peak_mem_gb": round(mem, 1),
@@ -202,9 +314,12 @@ def main() -> int:
         wall, _, _ = timed(doit_cmd(args, work, "wheels"), cwd=work, env=env, log=log)
         result["assemble_s"] = round(wall, 2)
         result["cold_total_s"] = round(total + wall + result["fetch_s"], 1)
+    save()
     noop = [timed(doit_cmd(args, work, "wheels"), cwd=work, env=env, log=log)[0] for _ in range(3)]
     result["noop_s"] = [round(x, 3) for x in noop]
     print(f"no-op doit wheels: {result['noop_s']} s", flush=True)
+    manifest = json.loads((work / "wheels" / "manifest.json").read_text())
+    cold_wheels = {w["package"]: w for w in manifest["wheels"]}
     shutil.rmtree(work / "wheels")
     for state in work.glob(".doit.db*"):
         state.unlink()
@@ -212,47 +327,141 @@ def main() -> int:
     result["restore_s"] = round(wall, 2)
     result["restore_per_wheel_s"] = round(wall / max(1, len(names)), 3)
     print(f"restore from cache: {result['restore_s']} s", flush=True)
-    manifest = json.loads((work / "wheels" / "manifest.json").read_text())
-    for w in manifest["wheels"]:
-        result["packages"][w["package"]]["wheel_mb"] = round(w["size"] / 1e6, 2)
+    for name, w in cold_wheels.items():
+        result["packages"][name]["wheel_mb"] = round(w["size"] / 1e6, 2)
+        result["packages"][name]["sha256"] = w["sha256"]
+    print("wheels: " + ", ".join(f"{n} {w['size'] / 1e6:.1f} MB" for n, w in cold_wheels.items()), flush=True)
+    save()
 
+    if cache_server is not None:
+        # A second, empty workspace (no wheel cache, no object cache) restores everything from the remote.
+        fresh = work / "fresh"
+        fresh.mkdir(exist_ok=True)
+        sent_before = cache_server.bytes_sent
+        wall, cpu, _ = timed(doit_cmd(args, fresh, "wheels") + remote_vars, cwd=work, env=env, log=log)
+        fresh_manifest = json.loads((fresh / "wheels" / "manifest.json").read_text())
+        same = all(cold_wheels[w["package"]]["sha256"] == w["sha256"] for w in fresh_manifest["wheels"])
+        built = [n for n in names if (fresh / "build" / "logs" / f"build-{n}.log").exists()]
+        result["remote"] = {
+            "uploaded_bytes": cache_server.bytes_received,
+            "fresh_restore_s": round(wall, 1),
+            "fresh_restore_cpu_s": round(cpu, 1),
+            "bytes_moved": cache_server.bytes_sent - sent_before,
+            "identical_to_cold": same,
+            "compiled": built,
+        }
+        print(
+            f"fresh workspace from the remote cache (fetch from the mirror included): {wall:.1f} s, "
+            f"{result['remote']['bytes_moved'] / 1e6:.1f} MB moved; wheels identical to the cold build: {same}; "
+            f"compiled: {built or 'nothing'}",
+            flush=True,
+        )
+        save()
+
+    if args.edit:
+        # One added line of code in one source file of one package: only its units should recompile.
+        pkg, rel = args.edit.split(":", 1)
+        timed(doit_cmd(args, work, f"stage:{pkg}"), cwd=work, env=env, log=log)
+        lock2 = edited_lock(args, work, pkg, rel)
+        key_cmd = doit_cmd(args, work, f"build:{pkg}", lock=lock2)
+        wall, cpu, _ = timed(key_cmd, cwd=work, env=env, log=log)
+        sys.path.insert(0, str(REPO))
+        from tasks.context import Context
+
+        ctx2 = Context.load({"lock": str(lock2), "cache": str(work / "cache"), "profile": args.profile})
+        meta = entry_meta(work, ctx2.key(ctx2.package(pkg))[0])
+        cold = result["packages"][pkg].get("cold_wall_s")
+        result["edit"] = {
+            "package": pkg,
+            "file": rel,
+            "rebuild_wall_s": round(wall, 1),
+            "rebuild_cpu_s": round(cpu, 1),
+            "object_cache": meta.get("object_cache"),
+            "cold_wall_s": cold,
+            "fraction_of_cold": round(wall / cold, 3) if cold else None,
+        }
+        print(
+            f"one-line patch edit in {pkg} ({rel}): rebuilt in {wall:.1f} s ({cpu:.0f} CPU s), "
+            f"object cache {meta.get('object_cache')}; cold build {cold} s; "
+            f"fraction {result['edit']['fraction_of_cold']}",
+            flush=True,
+        )
+        # The unedited package again, from the object cache only: the wheel must equal the cold build's.
+        key = cold_wheels[pkg]["action_key"]
+        shutil.rmtree(work / "cache" / "wheels" / key[:2] / key)
+        wall, cpu, _ = timed(doit_cmd(args, work, f"build:{pkg}"), cwd=work, env=env, log=log)
+        meta = entry_meta(work, key)
+        from tasks.treehash import file_sha256
+
+        digest = file_sha256(work / "cache" / "wheels" / key[:2] / key / meta["filename"])
+        result["edit"]["unedited_rebuild"] = {
+            "wall_s": round(wall, 1),
+            "object_cache": meta.get("object_cache"),
+            "sha256": digest,
+            "identical_to_cold": digest == cold_wheels[pkg]["sha256"],
+        }
+        print(
+            f"{pkg} rebuilt unedited from the object cache: {wall:.1f} s, {meta.get('object_cache')}; "
+            f"wheel identical to the cold build: {digest == cold_wheels[pkg]['sha256']}",
+            flush=True,
+        )
+        save()
+
+    verifier = None
     if args.verify:
         # Check what was built before comparing its build time with anything.
         vlog = work / "verify.log"
-        cmd = doit_cmd(args, work, "verify")
-        started = time.monotonic()
-        with vlog.open("wb") as out:
-            code = subprocess.run(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-        result["verify"] = {"exit": code, "wall_s": round(time.monotonic() - started, 1), "log": str(vlog)}
-        print(f"doit verify: exit {code} in {result['verify']['wall_s']} s; report in {vlog}", flush=True)
+        vout = vlog.open("wb")
+        vstart = time.monotonic()
+        verifier = subprocess.Popen(
+            doit_cmd(args, work, "verify"), cwd=work, env=env, stdout=vout, stderr=subprocess.STDOUT
+        )
+        if not args.baseline:
+            verifier.wait()
     if args.baseline:
         # Plain builds of the same patched trees, one after another, no cache.
         from tasks.build import build_env
         from tasks.context import Context
 
-        for name in names:
+        order = args.baseline_order.split(",") if args.baseline_order else names
+        for name in order:
             timed(doit_cmd(args, work, f"stage:{name}"), cwd=work, env=env, log=log)
         vars_ = {"lock": str(args.lock.resolve()), "cache": str(work / "cache"), "profile": args.profile}
         ctx = Context.load(vars_)
         base_total = 0.0
-        for name in names:
+        deadline = began + args.deadline if args.deadline else None
+        for name in order:
+            if deadline is not None and time.monotonic() >= deadline:
+                result["packages"][name]["plain"] = "not started (deadline)"
+                print(f"plain {name}: not started (deadline)", flush=True)
+                continue
             pkg = ctx.package(name)
             tree = work / "build" / "stage" / name
             tree = tree / pkg.subdir if pkg.subdir else tree
             out = work / "plain" / name
             cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(out), str(tree)]
-            jobs = args.jobs or os.cpu_count() or 1  # plain builds: one package at a time, all cores
-            wall, cpu, mem = timed(cmd, cwd=tree, env=build_env(ctx, pkg, jobs), log=log)
+            jobs = args.jobs or ncores  # plain builds: one package at a time, all cores
+            plog = work / f"plain-{name}.log"
+            wall, cpu, mem, code = run_until(cmd, cwd=tree, env=build_env(ctx, pkg, jobs), log=plog, deadline=deadline)
             base_total += wall
+            state = "ok" if code == 0 else ("stopped at the deadline" if code is None else f"failed ({code})")
             result["packages"][name] |= {
                 "plain_wall_s": round(wall, 1),
                 "plain_cpu_s": round(cpu, 1),
                 "plain_peak_mem_gb": round(mem, 1),
+                "plain": state,
             }
-            print(f"plain {name}: {wall:.1f} s wall, {cpu:.0f} s CPU", flush=True)
+            print(f"plain {name}: {wall:.1f} s wall, {cpu:.0f} s CPU ({state}); log {plog}", flush=True)
+            save()
         result["plain_total_s"] = round(base_total, 1)
+    if verifier is not None:
+        code = verifier.wait()
+        result["verify"] = {"exit": code, "wall_s": round(time.monotonic() - vstart, 1), "log": str(vlog)}
+        print(f"doit verify: exit {code} in {result['verify']['wall_s']} s; report in {vlog}", flush=True)
     if server is not None:
         server.stop()
+    if cache_server is not None:
+        cache_server.stop()
 
     print(f"\nhost: {result['host']}  lock: {args.lock.name}  profile: {args.profile}")
     if args.stack:
@@ -269,21 +478,23 @@ def main() -> int:
         f"{'plain wall s':>14}{'plain CPU s':>13}"
     )
     for name, p in result["packages"].items():
+        plain = p.get("plain_wall_s", "-")
+        if p.get("plain") not in (None, "ok"):
+            plain = f"{plain}*" if plain != "-" else "-"
         print(
-            f"{name:<22}{p['cold_wall_s']:>12}{p['cold_cpu_s']:>12}{p['peak_mem_gb']:>9}{p.get('wheel_mb', 0):>10}"
-            f"{p.get('plain_wall_s', '-'):>14}{p.get('plain_cpu_s', '-'):>13}"
+            f"{name:<22}{p.get('cold_wall_s', '-'):>12}{p.get('cold_cpu_s', '-'):>12}{p.get('peak_mem_gb', '-'):>9}"
+            f"{p.get('wheel_mb', 0):>10}{plain:>14}{p.get('plain_cpu_s', '-'):>13}"
         )
     print(
         f"fetch {result['fetch_s']} s; cold total (fetch + builds + assemble) {result['cold_total_s']} s"
-        + (f"; plain total {result['plain_total_s']} s" if args.baseline else "")
+        + (f"; plain total {result['plain_total_s']} s (* = stopped or failed)" if args.baseline else "")
     )
     print(f"no-op doit wheels: {result['noop_s']} s (cold build of the same lock: {result['cold_total_s']} s)")
     print(
         f"restore from cache (wheels/ and doit state deleted): {result['restore_s']} s, "
         f"{result['restore_per_wheel_s']} s per wheel"
     )
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    save()
     return 0
 
 

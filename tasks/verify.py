@@ -818,7 +818,9 @@ def _installed(dist: Mapping[str, Any], ext_suffixes: Sequence[str]) -> _Install
         except ValueError:
             continue
         name = module_name(rel.as_posix(), ext_suffixes)
-        if name is not None:
+        # A library named like an extension that exports no PyInit_ is not a
+        # module (torch_memory_saver's LD_PRELOAD hooks): it is dlopened only.
+        if name is not None and f"PyInit_{name.rpartition('.')[2]}" in elfcheck.defined_symbols(f):
             modules.append(name)
     return _Installed(
         location=location,

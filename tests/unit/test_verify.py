@@ -503,3 +503,19 @@ def test_import_check_accepts_an_extension_loaded_under_another_name(tmp_path: P
     checked = go("runner")
     assert checked.returncode == 0, checked.stderr
     assert "already loaded as _ext" in checked.stdout
+
+
+@needs_cc
+def test_library_named_like_an_extension_without_pyinit_is_not_a_module(tmp_path: Path) -> None:
+    # torch_memory_saver ships LD_PRELOAD hooks as top-level *.abi3.so files: importing them fails,
+    # so they must be checked by dlopen only, while a real extension (PyInit_<name>) is imported.
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    hook = _cc(tmp_path, "hook", "int hook_value(void) { return 1; }\n")
+    ext = _cc(tmp_path, "ext", "void *PyInit__ext(void) { return 0; }\n")
+    shutil.copy(hook, site / "hook_mode_preload.abi3.so")
+    shutil.copy(ext, site / "pkg" / "_ext.abi3.so")
+    dist = {"location": str(site), "files": [str(p) for p in sorted(site.rglob("*.so"))], "top_level": ["pkg"]}
+    installed = verify._installed(dist, [".abi3.so", ".so"])
+    assert installed.extension_modules == ("pkg._ext",)
+    assert {p.name for p in installed.shared_objects} == {"hook_mode_preload.abi3.so", "_ext.abi3.so"}
