@@ -14,7 +14,13 @@ How builds reach it, without touching upstream scripts:
 - torch's ``cpp_extension`` calls nvcc by absolute path unless
   ``PYTORCH_NVCC`` names one: it is set to the masquerading ``nvcc``;
 - CMake projects (TransformerEngine) name nvcc themselves:
-  ``CMAKE_CUDA_COMPILER_LAUNCHER`` puts ccache in front of it.
+  ``CMAKE_CUDA_COMPILER_LAUNCHER`` puts ccache in front of it;
+- a host whose environment names its C++ compiler by path (``CXX=/opt/gcc/bin/g++``
+  on the GPU host) bypasses ``PATH``: CMake and torch's ``cpp_extension`` both
+  read ``CXX``. It is replaced by a two-line script of the same name that runs
+  ``ccache <that compiler>``. ``CC`` is left alone: torch passes it to nvcc as
+  ``-ccbin``, where a script would only add a pass through ccache per host
+  compile and a build-specific path to every CUDA command line.
 
 Builds run at one canonical path per package (tasks/reproducible.py), so the
 same source compiles with the same arguments whatever the action key, and
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shlex
 import shutil
 import sys
 from collections import Counter
@@ -64,7 +71,26 @@ class ObjectCache:
         )
         if (self.masquerade / "nvcc").exists() and shutil.which("nvcc", path=base.get("PATH", "")):
             env["PYTORCH_NVCC"] = str(self.masquerade / "nvcc")
+        cxx = base.get("CXX", "")
+        if cxx and "/" in shlex.split(cxx)[0] and not self._is_ccache(shlex.split(cxx)[0]):
+            env["CXX"] = str(self._compiler_script(cxx))
         return env
+
+    def _is_ccache(self, path: str) -> bool:
+        return os.path.realpath(path) == os.path.realpath(self.ccache)
+
+    def _compiler_script(self, command: str) -> Path:
+        """An executable named like ``command``'s compiler that runs it through ccache."""
+        words = shlex.split(command)
+        script = self.masquerade / "by-path" / Path(words[0]).name
+        text = f"#!/bin/sh\nexec {shlex.quote(self.ccache)} {shlex.join(words)} \"$@\"\n"
+        if not script.exists() or script.read_text() != text:
+            script.parent.mkdir(parents=True, exist_ok=True)
+            tmp = script.with_name(f".{script.name}.{os.getpid()}")
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            os.replace(tmp, script)
+        return script
 
 
 def find_ccache(search_path: str) -> str | None:

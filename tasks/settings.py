@@ -202,7 +202,9 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
 def _remote(doit_vars: dict[str, str]) -> tuple[str, bool, float]:
     remote = _get("remote", doit_vars).strip().rstrip("/")
     if remote and not remote.startswith(("http://", "https://")):
-        raise ReproError(f"remote={remote!r}: give the http(s) URL of a Bazel HTTP remote cache, e.g. http://cache:8080")
+        raise ReproError(
+            f"remote={remote!r}: give the http(s) URL of a Bazel HTTP remote cache, e.g. http://cache:8080"
+        )
     write = _get("remote_write", doit_vars)
     if write not in ("on", "off"):
         raise ReproError(f"remote_write={write!r}: use 'on' (upload built wheels) or 'off' (read only)")

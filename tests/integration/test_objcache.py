@@ -52,3 +52,26 @@ def test_bad_object_cache_settings_are_refused(tmp_path: Path, server: object) -
     assert res.returncode != 0 and "objcache='maybe': use 'on' or 'off'" in res.stderr
     res = ws.doit("build:repro_pure", "objcache_size=lots", check=False)
     assert res.returncode != 0 and "objcache_size='lots'" in res.stderr
+
+
+def test_compiler_named_by_path_in_cxx_is_cached_too(tmp_path: Path, server: object) -> None:
+    # The GPU host sets CXX=/opt/gcc/bin/g++: CMake and torch's cpp_extension then call it by path,
+    # past the PATH masquerade. The object cache must still see those compiles.
+    gxx = shutil.which("g++")
+    assert gxx, "g++ is needed to build the fixtures"
+    cache = tmp_path / "cache"
+    ws = make_workspace(tmp_path / "ws", cache, server.url)  # type: ignore[attr-defined]
+    ws.env_extra["CXX"] = str(Path(gxx).resolve())
+    moved_profile = '\n[profiles.moved]\n[profiles.moved.packages.repro_torchext.env]\nX_UNUSED = "1"\n'
+    ws.lock.write_text(ws.lock.read_text() + moved_profile)
+
+    cold = ws.doit("build:repro_torchext")
+    assert _objects(cold.stdout, "repro_torchext") == (0, 1)
+    log = (ws.root / "build" / "logs" / "build-repro_torchext.log").read_text()
+    assert f"/by-path/{Path(gxx).resolve().name} " in log, "the compile did not go through the CXX script"
+    built = file_sha256(_wheel(cache, "repro_torchext"))
+
+    shutil.rmtree(cache / "wheels")
+    moved = ws.doit("build:repro_torchext", "profile=moved")
+    assert _objects(moved.stdout, "repro_torchext") == (1, 0)
+    assert file_sha256(_wheel(cache, "repro_torchext")) == built
