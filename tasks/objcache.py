@@ -22,6 +22,13 @@ How builds reach it, without touching upstream scripts:
   ``-ccbin``, where a script would only add a pass through ccache per host
   compile and a build-specific path to every CUDA command line.
 
+With ``remote=URL`` the object cache shares the wheel cache's server: ccache's
+own HTTP remote storage under ``URL/ccache/`` (plain GET and PUT, so the same
+nginx or bazel-remote serves it), read-only unless ``remote_write=on``. A patch
+edit compiled on one machine is then a hit on another. ccache checks every
+remote entry against the checksum stored in it and treats a server that is
+down or slow as a miss (its connect and operation timeouts below).
+
 Builds run at one canonical path per package (tasks/reproducible.py), so the
 same source compiles with the same arguments whatever the action key, and
 objects are shared across keys without ccache's ``base_dir``: that option
@@ -57,6 +64,9 @@ class ObjectCache:
     directory: Path
     max_size: str
     masquerade: Path
+    remote: str = ""
+    remote_write: bool = False
+    remote_timeout: float = 10.0
 
     def env(self, base: dict[str, str], *, stats_log: Path) -> dict[str, str]:
         """``base`` with the build's compilers routed through ccache."""
@@ -69,12 +79,22 @@ class ObjectCache:
             CCACHE_STATSLOG=str(stats_log),
             CMAKE_CUDA_COMPILER_LAUNCHER=self.ccache,
         )
+        if self.remote:
+            env["CCACHE_REMOTE_STORAGE"] = self.remote_storage()
         if (self.masquerade / "nvcc").exists() and shutil.which("nvcc", path=base.get("PATH", "")):
             env["PYTORCH_NVCC"] = str(self.masquerade / "nvcc")
         cxx = base.get("CXX", "")
         if cxx and "/" in shlex.split(cxx)[0] and not self._is_ccache(shlex.split(cxx)[0]):
             env["CXX"] = str(self._compiler_script(cxx))
         return env
+
+    def remote_storage(self) -> str:
+        """ccache's remote_storage value for ``remote``: its HTTP backend under ``/ccache``."""
+        timeout_ms = max(1, round(self.remote_timeout * 1000))
+        attrs = [f"connect-timeout={min(timeout_ms, 1000)}", f"operation-timeout={timeout_ms}"]
+        if not self.remote_write:
+            attrs.append("read-only=true")
+        return "|".join([f"{self.remote.rstrip('/')}/ccache", *attrs])
 
     def _is_ccache(self, path: str) -> bool:
         return os.path.realpath(path) == os.path.realpath(self.ccache)
@@ -98,7 +118,16 @@ def find_ccache(search_path: str) -> str | None:
     return shutil.which("ccache", path=os.pathsep.join([search_path, str(Path(sys.executable).parent)]))
 
 
-def setup(directory: Path, *, max_size: str, work: Path, search_path: str) -> ObjectCache | None:
+def setup(
+    directory: Path,
+    *,
+    max_size: str,
+    work: Path,
+    search_path: str,
+    remote: str = "",
+    remote_write: bool = False,
+    remote_timeout: float = 10.0,
+) -> ObjectCache | None:
     """The object cache in ``directory``, or None when no ccache is installed."""
     ccache = find_ccache(search_path)
     if ccache is None:
@@ -112,7 +141,15 @@ def setup(directory: Path, *, max_size: str, work: Path, search_path: str) -> Ob
         link = masquerade / name
         if not link.is_symlink():
             link.symlink_to(ccache)
-    return ObjectCache(ccache=ccache, directory=directory, max_size=max_size, masquerade=masquerade)
+    return ObjectCache(
+        ccache=ccache,
+        directory=directory,
+        max_size=max_size,
+        masquerade=masquerade,
+        remote=remote,
+        remote_write=remote_write,
+        remote_timeout=remote_timeout,
+    )
 
 
 def stats(stats_log: Path) -> tuple[int, int]:

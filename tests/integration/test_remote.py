@@ -228,3 +228,45 @@ def test_shards_fill_one_remote_and_a_third_workspace_assembles_without_compilin
     res = third.doit("wheels", "profile=quick", f"remote={nginx.url}")
     assert built_packages(res.stdout) == []
     assert set(shas(third)) == set(QUICK)
+
+
+def _objects(output: str, package: str) -> tuple[int, int]:
+    import re
+
+    m = re.search(rf"^built {package} .*object cache (\d+) hits / (\d+) misses", output, flags=re.M)
+    assert m, output
+    return int(m.group(1)), int(m.group(2))
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+def test_object_cache_is_shared_through_the_remote(nginx: Nginx, tmp_path: Path, server: FixtureServer) -> None:
+    # Workspace a compiles and (remote_write=on) stores its objects under URL/ccache/.
+    a = make_workspace(tmp_path / "a", tmp_path / "cache-a", server.url)
+    res = a.doit("build:repro_pybind", f"remote={nginx.url}", "remote_write=on")
+    assert f"shared with {nginx.url}/ccache" in res.stdout
+    assert _objects(res.stdout, "repro_pybind") == (0, 1)
+    stored = _files(nginx.store / "ccache")
+    assert stored, "no object reached the remote"
+    (wheel_a,) = (tmp_path / "cache-a").glob("wheels/*/*/repro_pybind-*.whl")
+
+    # Workspace b, empty caches, another action key for the same compile (so no wheel to restore):
+    # the object comes from the remote, read-only, and the wheel is the same.
+    b = make_workspace(tmp_path / "b", tmp_path / "cache-b", server.url)
+    b.lock.write_text(b.lock.read_text() + '\n[profiles.moved.packages.repro_pybind.env]\nX_UNUSED = "1"\n')
+    res = b.doit("build:repro_pybind", "profile=moved", f"remote={nginx.url}")
+    assert built_packages(res.stdout) == ["repro_pybind"]
+    assert _objects(res.stdout, "repro_pybind") == (1, 0)
+    (wheel_b,) = (tmp_path / "cache-b").glob("wheels/*/*/repro_pybind-*.whl")
+    assert file_sha256(wheel_b) == file_sha256(wheel_a)
+    assert _files(nginx.store / "ccache") == stored, "a read-only workspace wrote to the remote"
+
+
+def test_object_cache_with_the_remote_down_compiles_locally(tmp_path: Path, server: FixtureServer) -> None:
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
+    started = time.monotonic()
+    res = ws.doit("build:repro_pybind", f"remote=http://127.0.0.1:{free_port()}", "remote_write=on")
+    assert _objects(res.stdout, "repro_pybind") == (0, 1)
+    assert time.monotonic() - started < 120
