@@ -129,6 +129,13 @@ def built_packages(output: str) -> list[str]:
     return re.findall(r"^built (\S+) in ", output, flags=re.M)
 
 
+def object_counts(output: str, package: str) -> tuple[int, int]:
+    """(hits, misses) of the object cache in a doit run's 'built <pkg> ...' line."""
+    m = re.search(rf"^built {package} .*object cache (\d+) hits / (\d+) misses", output, flags=re.M)
+    assert m, output
+    return int(m.group(1)), int(m.group(2))
+
+
 @pytest.fixture(scope="session")
 def quick_cache(tmp_path_factory: pytest.TempPathFactory, server: FixtureServer) -> Path:
     """A cache holding the example lock's 'quick' profile, built once per session."""

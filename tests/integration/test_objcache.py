@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
-from conftest import make_workspace
+from conftest import make_workspace, object_counts
 
 from tasks.treehash import file_sha256
-
-
-def _objects(output: str, package: str) -> tuple[int, int]:
-    m = re.search(rf"^built {package} .*object cache (\d+) hits / (\d+) misses", output, flags=re.M)
-    assert m, output
-    return int(m.group(1)), int(m.group(2))
 
 
 def _wheel(cache: Path, package: str) -> Path:
@@ -30,19 +23,19 @@ def test_object_cache_hits_across_trees_and_keeps_wheel_bytes(tmp_path: Path, se
     ws.lock.write_text(ws.lock.read_text() + moved_profile)
 
     off = ws.doit("build:repro_pybind", "objcache=off")
-    assert _objects(off.stdout, "repro_pybind") == (0, 0)
+    assert object_counts(off.stdout, "repro_pybind") == (0, 0)
     assert not (cache / "objects").exists()
     uncached = file_sha256(_wheel(cache, "repro_pybind"))
 
     shutil.rmtree(cache / "wheels")
     cold = ws.doit("build:repro_pybind")
     assert "object cache:" in cold.stdout
-    assert _objects(cold.stdout, "repro_pybind") == (0, 1)
+    assert object_counts(cold.stdout, "repro_pybind") == (0, 1)
     assert file_sha256(_wheel(cache, "repro_pybind")) == uncached
 
     shutil.rmtree(cache / "wheels")
     moved = ws.doit("build:repro_pybind", "profile=moved")
-    assert _objects(moved.stdout, "repro_pybind") == (1, 0)
+    assert object_counts(moved.stdout, "repro_pybind") == (1, 0)
     assert file_sha256(_wheel(cache, "repro_pybind")) == uncached
 
 
@@ -66,12 +59,12 @@ def test_compiler_named_by_path_in_cxx_is_cached_too(tmp_path: Path, server: obj
     ws.lock.write_text(ws.lock.read_text() + moved_profile)
 
     cold = ws.doit("build:repro_torchext")
-    assert _objects(cold.stdout, "repro_torchext") == (0, 1)
+    assert object_counts(cold.stdout, "repro_torchext") == (0, 1)
     log = (ws.root / "build" / "logs" / "build-repro_torchext.log").read_text()
     assert f"/by-path/{Path(gxx).resolve().name} " in log, "the compile did not go through the CXX script"
     built = file_sha256(_wheel(cache, "repro_torchext"))
 
     shutil.rmtree(cache / "wheels")
     moved = ws.doit("build:repro_torchext", "profile=moved")
-    assert _objects(moved.stdout, "repro_torchext") == (1, 0)
+    assert object_counts(moved.stdout, "repro_torchext") == (1, 0)
     assert file_sha256(_wheel(cache, "repro_torchext")) == built

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Workspace, built_packages, copy_cache, make_workspace
+from conftest import Workspace, built_packages, copy_cache, make_workspace, object_counts
 from serve import FixtureServer
 
 from tasks.cache import rmtree
@@ -230,14 +230,6 @@ def test_shards_fill_one_remote_and_a_third_workspace_assembles_without_compilin
     assert set(shas(third)) == set(QUICK)
 
 
-def _objects(output: str, package: str) -> tuple[int, int]:
-    import re
-
-    m = re.search(rf"^built {package} .*object cache (\d+) hits / (\d+) misses", output, flags=re.M)
-    assert m, output
-    return int(m.group(1)), int(m.group(2))
-
-
 def _files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()} if root.exists() else set()
 
@@ -247,7 +239,7 @@ def test_object_cache_is_shared_through_the_remote(nginx: Nginx, tmp_path: Path,
     a = make_workspace(tmp_path / "a", tmp_path / "cache-a", server.url)
     res = a.doit("build:repro_pybind", f"remote={nginx.url}", "remote_write=on")
     assert f"shared with {nginx.url}/ccache" in res.stdout
-    assert _objects(res.stdout, "repro_pybind") == (0, 1)
+    assert object_counts(res.stdout, "repro_pybind") == (0, 1)
     stored = _files(nginx.store / "ccache")
     assert stored, "no object reached the remote"
     (wheel_a,) = (tmp_path / "cache-a").glob("wheels/*/*/repro_pybind-*.whl")
@@ -258,7 +250,7 @@ def test_object_cache_is_shared_through_the_remote(nginx: Nginx, tmp_path: Path,
     b.lock.write_text(b.lock.read_text() + '\n[profiles.moved.packages.repro_pybind.env]\nX_UNUSED = "1"\n')
     res = b.doit("build:repro_pybind", "profile=moved", f"remote={nginx.url}")
     assert built_packages(res.stdout) == ["repro_pybind"]
-    assert _objects(res.stdout, "repro_pybind") == (1, 0)
+    assert object_counts(res.stdout, "repro_pybind") == (1, 0)
     (wheel_b,) = (tmp_path / "cache-b").glob("wheels/*/*/repro_pybind-*.whl")
     assert file_sha256(wheel_b) == file_sha256(wheel_a)
     assert _files(nginx.store / "ccache") == stored, "a read-only workspace wrote to the remote"
@@ -268,5 +260,5 @@ def test_object_cache_with_the_remote_down_compiles_locally(tmp_path: Path, serv
     ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
     started = time.monotonic()
     res = ws.doit("build:repro_pybind", f"remote=http://127.0.0.1:{free_port()}", "remote_write=on")
-    assert _objects(res.stdout, "repro_pybind") == (0, 1)
+    assert object_counts(res.stdout, "repro_pybind") == (0, 1)
     assert time.monotonic() - started < 120
