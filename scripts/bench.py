@@ -310,6 +310,7 @@ def main() -> int:
             "cores": ncores,
             "cpu_lower_bound_s": round(cpu / ncores, 1),
         }
+        result["cold_total_s"] = round(wall + result["fetch_s"], 1)
         budget = [line for line in log.read_text().splitlines() if line.startswith("job budget:")]
         result["stack"]["budget"] = budget[-1] if budget else ""
         trace = json.loads((work / "build" / "trace.json").read_text())
