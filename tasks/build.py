@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import builder, docker, objcache, proc, reproducible
+from tasks import builder, docker, ninjaorder, objcache, proc, reproducible
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -130,6 +130,13 @@ def compile_wheel(
     cmd = wheel_command(pkg, str(raw), place.path(build_dir))
     server = ctx.jobserver()
     env = server.env(reproducible.apply(build_env(ctx, pkg, jobs), place))
+    if server.clients:
+        hints = ctx.lock.patches_dir / pkg.name / ninjaorder.HINTS_FILE
+        times = ninjaorder.known_times(ctx.cache.root, hints, pkg.name)
+        if times:
+            times_file = out / "unit-times.json"
+            times_file.write_text(json.dumps(times))
+            env["REPRO_UNIT_TIMES"] = str(times_file)
     objects = ctx.objcache() if object_cache else None
     stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
     stats_log.unlink(missing_ok=True)
@@ -201,6 +208,10 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                     "object_cache": {"hits": hits, "misses": misses},
                 },
             )
+        units = ninja_units(stage_dir, wall_start)
+        ninjaorder.record_times(
+            ctx.cache.root, pkg.name, {os.path.basename(u.output): (u.end_ms - u.start_ms) / 1000 for u in units}
+        )
         ctx.record(
             Outcome(
                 package=pkg.name,
@@ -209,7 +220,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 wall_s=seconds,
                 cpu_s=usage.cpu_seconds,
                 max_rss_mb=usage.max_rss_mb,
-                units=ninja_units(stage_dir, wall_start),
+                units=units,
                 object_hits=hits,
                 object_misses=misses,
             )

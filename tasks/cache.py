@@ -10,6 +10,7 @@ Layout under the cache root::
     toolchains/<set hash>/    hermetic toolchains: site/ (the pinned wheels, installed), meta.json
     locks/                    file locks shared by concurrent doit processes
     objects/                  ccache's compile-object cache (size-limited by ccache)
+    timings/<package>.json    compile seconds per unit at the package's last build (tasks/ninjaorder.py)
     tmp/                      work in progress, renamed into place when complete
 
 Entries appear atomically (a directory renamed into place), so a reader sees

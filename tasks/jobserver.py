@@ -11,7 +11,9 @@ Upstream setup scripts pass ``-j N`` to ninja (torch's ``cpp_extension``
 from ``MAX_JOBS``, ``cmake --build --parallel``), and an explicit ``-j``
 makes ninja ignore the jobserver. A ``ninja`` shim first on ``PATH`` drops
 ``-j`` while a jobserver is advertised, takes the token for ninja's first
-job, runs the real ninja and returns the token.
+job, runs the real ninja and returns the token. Before that it lets
+tasks/ninjaorder.py put the longest units first in the manifest, from the
+times in ``REPRO_UNIT_TIMES``.
 
 Without a jobserver-capable ninja a build takes as many tokens as it runs
 jobs (``MAX_JOBS``), so parallel builds still share one budget, coarsely.
@@ -26,11 +28,14 @@ import shlex
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tasks import ninjaorder
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
 MIN_NINJA = (1, 13)
@@ -59,6 +64,8 @@ for a do
   set -- "$@" "$a"
 done
 [ "$query" = 1 ] && exec {real} "$@"
+# Longest unit first, from the package's last compile times (tasks/ninjaorder.py); never fatal.
+[ -n "$REPRO_UNIT_TIMES" ] && {python} -I {order} "$REPRO_UNIT_TIMES" "$@" >/dev/null 2>&1
 fifo={fifo}
 token=$(dd if="$fifo" bs=1 count=1 2>/dev/null)
 trap 'printf %s "$token" > "$fifo"; exit 143' TERM INT HUP
@@ -125,7 +132,14 @@ class JobServer:
         if self.clients and real:
             self.bin.mkdir(exist_ok=True)
             shim = self.bin / "ninja"
-            shim.write_text(_SHIM.format(real=shlex.quote(os.path.abspath(real)), fifo=shlex.quote(str(self.fifo))))
+            shim.write_text(
+                _SHIM.format(
+                    real=shlex.quote(os.path.abspath(real)),
+                    fifo=shlex.quote(str(self.fifo)),
+                    python=shlex.quote(sys.executable),
+                    order=shlex.quote(str(Path(ninjaorder.__file__).resolve())),
+                )
+            )
             shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         atexit.register(self.close)
 

@@ -155,3 +155,46 @@ def test_compiler_out_of_memory_is_recognised(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert killed_for_memory(res.stdout + res.stderr) is not None, res.stderr
     assert killed_for_memory("error: expected ';' before '}' token") is None
+
+
+def _ninja_log_order(project: Path) -> list[str]:
+    rows = [line.split("\t") for line in (project / ".ninja_log").read_text().splitlines() if line[:1] != "#"]
+    return [row[3] for row in sorted(rows, key=lambda r: int(r[0]))]
+
+
+def test_shim_starts_the_longest_units_first(tmp_path: Path) -> None:
+    """With REPRO_UNIT_TIMES the shim reorders the manifest; real ninja then starts the slowest unit first."""
+    path = os.pathsep.join([_ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(1, tmp_path / "js", search_path=path)
+    try:
+        env = server.env({**os.environ, "PATH": path})
+        plain = _project(tmp_path / "plain", 4)
+        res = subprocess.run(["ninja", "-j", "4"], cwd=plain, env=env, capture_output=True, text=True, check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert _ninja_log_order(plain) == ["t0.txt", "t1.txt", "t2.txt", "t3.txt"]
+
+        timed = _project(tmp_path / "timed", 4)
+        manifest = timed / "build.ninja"
+        before, mtime = manifest.read_text(), manifest.stat().st_mtime_ns
+        times = tmp_path / "times.json"
+        times.write_text('{"t2.txt": 700.0, "t0.txt": 90.5, "t3.txt": 300, "elsewhere.o": 999}')
+        env_timed = {**env, "REPRO_UNIT_TIMES": str(times)}
+        res = subprocess.run(
+            ["ninja", "-j", "4", "-C", str(timed)], env=env_timed, capture_output=True, text=True, check=False
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        # One slot, so one unit at a time: the start order is the log's order.
+        assert _ninja_log_order(timed) == ["t2.txt", "t3.txt", "t0.txt", "t1.txt"]
+        assert sorted(manifest.read_text().splitlines()) == sorted(before.splitlines())
+        assert manifest.stat().st_mtime_ns == mtime
+        again = subprocess.run(["ninja", "-C", str(timed)], env=env_timed, capture_output=True, text=True, check=False)
+        assert "no work to do" in again.stdout, again.stdout
+
+        # A broken times file is ignored, never fatal.
+        times.write_text("{not json")
+        broken = _project(tmp_path / "broken", 2)
+        res = subprocess.run(["ninja"], cwd=broken, env=env_timed, capture_output=True, text=True, check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert _ninja_log_order(broken) == ["t0.txt", "t1.txt"]
+    finally:
+        server.close()
