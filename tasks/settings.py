@@ -202,10 +202,11 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
 
 
 def _remote(doit_vars: dict[str, str]) -> tuple[str, bool, float]:
-    remote = _get("remote", doit_vars).strip().rstrip("/")
-    problem = check_url(remote) if remote else None
+    raw_remote = _get("remote", doit_vars).strip()
+    problem = check_url(raw_remote) if raw_remote else None
     if problem is not None:
-        raise ReproError(f"remote={remote!r}: {problem}")
+        raise ReproError(f"remote={raw_remote!r}: {problem}")
+    remote = raw_remote.rstrip("/")
     write = _get("remote_write", doit_vars)
     if write not in ("on", "off"):
         raise ReproError(f"remote_write={write!r}: use 'on' (upload built wheels) or 'off' (read only)")
