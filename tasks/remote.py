@@ -414,9 +414,9 @@ class S3Store:
         """One S3 request on ``path``'s key; None when the object does not exist."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        client = self._s3()
-        method = {"GetObject": client.get_object, "HeadObject": client.head_object, "PutObject": client.put_object}
         try:
+            client = self._s3()
+            method = {"GetObject": client.get_object, "HeadObject": client.head_object, "PutObject": client.put_object}
             return method[operation](Bucket=self.location.bucket, Key=self.location.key(path), **params)
         except ClientError as exc:
             error = exc.response.get("Error", {})
@@ -428,8 +428,10 @@ class S3Store:
             raise RemoteUnavailable(
                 f"{operation} {self.url}/{path}: {code or 'error'} (HTTP {status}): {message}"
             ) from None
-        except BotoCoreError as exc:  # connection refused, timeouts, no region, bad endpoint, ...
+        except BotoCoreError as exc:  # connection refused, timeouts, an unknown profile, ...
             raise RemoteUnavailable(f"{operation} {self.url}/{path}: {exc}") from None
+        except ValueError as exc:  # botocore's word for a malformed endpoint URL
+            raise RemoteUnavailable(f"{operation} {self.url}/{path}: S3 client settings: {exc}") from None
 
     def _stream_errors(self) -> tuple[type[Exception], ...]:
         from botocore.exceptions import BotoCoreError
@@ -450,10 +452,12 @@ class S3Store:
                     read_timeout=self.timeout,
                     retries={"mode": "standard", "max_attempts": TRIES},
                 )
-                if session.get_credentials() is None:
-                    print(f"remote {self.url}: no AWS credentials found, reading anonymously", flush=True)
+                anonymous = session.get_credentials() is None
+                if anonymous:
                     config = config.merge(Config(signature_version=UNSIGNED))
                 self._client = session.client("s3", config=config)
+                if anonymous:
+                    print(f"remote {self.url}: no AWS credentials found, reading anonymously", flush=True)
             return self._client
 
 

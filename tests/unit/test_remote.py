@@ -186,3 +186,14 @@ def test_unresponsive_s3_remote_costs_bounded_time(
     # botocore: 3 attempts of 0.5 s to read, with its backoff (at most a few seconds) between them.
     assert elapsed < 30, elapsed
     assert "timeout" in capsys.readouterr().err.lower()
+
+
+@pytest.mark.parametrize(("name", "value"), [("AWS_PROFILE", "no-such-profile"), ("AWS_ENDPOINT_URL_S3", "not a url")])
+def test_broken_s3_client_settings_are_a_warning_not_a_failure(
+    name: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _s3_env(monkeypatch, "http://127.0.0.1:9")
+    monkeypatch.setenv(name, value)
+    assert Remote("s3://wheels", write=False, timeout=1).restore(Cache(tmp_path / "cache"), "p", KEY) is None
+    err = capsys.readouterr().err
+    assert "WARNING: remote cache s3://wheels unavailable" in err, err
