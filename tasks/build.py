@@ -160,25 +160,33 @@ def _normalised(raw: Path, out: Path, pkg: Package, log: Path) -> Path:
 def build_package(ctx: Context, pkg: Package) -> WheelEntry:
     """The verified cache entry of ``pkg``'s wheel: the local cache's, the remote's (remote=), or built now.
 
-    A wheel built here goes to the remote too when remote_write=on.
+    With remote_write=on, a wheel built here goes to the remote, and so does
+    one from the local cache that the remote does not have yet (built before
+    the remote was set, or by a run without remote_write).
     """
     key, doc = ctx.key(pkg)
     entry = ctx.cache.get_wheel(key)
-    if entry is not None:
-        return entry
-    with ctx.cache.lock(f"wheel-{key}"):
-        entry = ctx.cache.get_wheel(key)
+    if entry is None:
+        with ctx.cache.lock(f"wheel-{key}"):
+            entry = ctx.cache.get_wheel(key)
+            if entry is None:
+                return _restore_or_build(ctx, pkg, key, doc)
+    if ctx.remote is not None:
+        ctx.remote.upload(entry, pkg.name, doc, if_missing=True)
+    return entry
+
+
+def _restore_or_build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> WheelEntry:
+    """Called with the key's lock held and no local entry."""
+    if ctx.remote is not None:
+        entry = ctx.remote.restore(ctx.cache, pkg.name, key)
         if entry is not None:
+            ctx.record(Outcome(package=pkg.name, status="restored"))
             return entry
-        if ctx.remote is not None:
-            entry = ctx.remote.restore(ctx.cache, pkg.name, key)
-            if entry is not None:
-                ctx.record(Outcome(package=pkg.name, status="restored"))
-                return entry
-        entry = _build(ctx, pkg, key, doc)
-        if ctx.remote is not None:
-            ctx.remote.upload(entry, pkg.name, doc)
-        return entry
+    entry = _build(ctx, pkg, key, doc)
+    if ctx.remote is not None:
+        ctx.remote.upload(entry, pkg.name, doc)
+    return entry
 
 
 def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> WheelEntry:

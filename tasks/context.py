@@ -161,12 +161,13 @@ class Context:
             if self._objcache is False:
                 found: ObjectCache | None = None
                 if self.settings.objcache:
+                    remote = objcache.shared_remote(self.settings.remote)
                     found = objcache.setup(
                         self.cache.objects,
                         max_size=self.settings.objcache_size,
                         work=self.settings.builddir.absolute() / "objcache",
                         search_path=os.environ["PATH"],
-                        remote=self.settings.remote,
+                        remote=remote,
                         remote_write=self.settings.remote_write,
                         remote_timeout=self.settings.remote_timeout,
                     )
@@ -175,6 +176,13 @@ class Context:
                     else:
                         shared = f"; shared with {found.remote}/ccache" if found.remote else ""
                         print(f"object cache: {found.directory} (ccache, limit {found.max_size}{shared})", flush=True)
+                        if self.settings.remote and not remote:
+                            print(
+                                f"note: the object cache is not shared with {self.settings.remote}: ccache's remote "
+                                "storage speaks HTTP, so objects are shared only through an http(s) remote= "
+                                "(wheels still are)",
+                                flush=True,
+                            )
                 self._objcache = found
             return self._objcache if isinstance(self._objcache, ObjectCache) else None
 

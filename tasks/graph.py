@@ -133,7 +133,9 @@ class WheelCached:
     """Up to date when the wheel cache holds an entry for the package's current action key.
 
     Only the local cache counts: the remote (remote=) is asked by the action, so
-    that `doit list` and `doit info` never touch the network.
+    that `doit list` and `doit info` never touch the network. With
+    remote_write=on it is never up to date: the action then makes sure the
+    remote has the cached wheel too.
     """
 
     def __init__(self, package: str) -> None:
@@ -141,6 +143,8 @@ class WheelCached:
 
     def __call__(self, task: Any, values: Any) -> bool:
         ctx = context()
+        if ctx.settings.remote_write:
+            return False
         try:
             _require_pins()
             key, _ = ctx.key(ctx.package(self.package))
@@ -149,14 +153,19 @@ class WheelCached:
         return ctx.cache.wheel_exists(key)
 
     def __repr__(self) -> str:
-        return f"WheelCached({self.package!r}: wheel cache has an entry for the current action key)"
+        return (
+            f"WheelCached({self.package!r}: wheel cache has an entry for the current action key, "
+            "and remote_write is off)"
+        )
 
 
 class WheelhouseCurrent:
-    """Up to date when wheels/manifest.json lists the current keys and the files are there."""
+    """Up to date when wheels/manifest.json lists the current keys and the files are there (and remote_write is off)."""
 
     def __call__(self, task: Any, values: Any) -> bool:
         ctx = context()
+        if ctx.settings.remote_write:
+            return False  # the action uploads what the remote lacks
         try:
             _require_pins()
             from tasks.wheelhouse import is_current
@@ -166,7 +175,7 @@ class WheelhouseCurrent:
             return False
 
     def __repr__(self) -> str:
-        return "WheelhouseCurrent(wheels/manifest.json matches the lock, profile and action keys)"
+        return "WheelhouseCurrent(wheels/manifest.json matches the lock, profile and action keys; remote_write is off)"
 
 
 # --------------------------------------------------------------------------- actions

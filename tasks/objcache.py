@@ -27,7 +27,9 @@ own HTTP remote storage under ``URL/ccache/`` (plain GET and PUT, so the same
 nginx or bazel-remote serves it), read-only unless ``remote_write=on``. A patch
 edit compiled on one machine is then a hit on another. ccache checks every
 remote entry against the checksum stored in it and treats a server that is
-down or slow as a miss (its connect and operation timeouts below).
+down or slow as a miss (its connect and operation timeouts below). ccache has
+no S3 backend: with ``remote=s3://…`` the object cache stays local (a note
+says so) and only wheels are shared.
 
 Builds run at one canonical path per package (tasks/reproducible.py), so the
 same source compiles with the same arguments whatever the action key, and
@@ -111,6 +113,11 @@ class ObjectCache:
             tmp.chmod(0o755)
             os.replace(tmp, script)
         return script
+
+
+def shared_remote(remote: str) -> str:
+    """The ``remote=`` URL that ccache's remote storage can use: http(s) only; "" for none (or s3://)."""
+    return remote if remote.startswith(("http://", "https://")) else ""
 
 
 def find_ccache(search_path: str) -> str | None:

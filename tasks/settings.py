@@ -23,9 +23,10 @@ bundle     REPRO_BUNDLE        ``doit bundle``: file to write; ``doit unbundle``
 bundle_image REPRO_BUNDLE_IMAGE  ``doit bundle``: include the exported image (``on``/``off``, default off)
 bundle_mirror REPRO_BUNDLE_MIRROR ``doit bundle``: include the source mirror (``on``/``off``, default off)
 dest       REPRO_DEST          ``doit unbundle``: directory to create (default ``unbundled``)
-remote     REPRO_REMOTE        remote wheel cache: an http(s) URL of a Bazel HTTP remote cache (tasks/remote.py)
+remote     REPRO_REMOTE        remote wheel cache: an http(s) URL of a Bazel HTTP remote cache, or
+                               ``s3://bucket[/prefix]`` (tasks/remote.py)
 remote_write REPRO_REMOTE_WRITE  ``on``: upload wheels built in this run to the remote; ``off`` (default): read only
-remote_timeout REPRO_REMOTE_TIMEOUT  seconds per remote request (default 10); 3 tries each
+remote_timeout REPRO_REMOTE_TIMEOUT  seconds to connect and to read, per remote request (default 10); 3 tries each
 shard      REPRO_SHARD         ``i/N``: ``doit wheels`` builds only shard i of N of the packages, assembles nothing
 =========  ==================  ===============================================
 """
@@ -39,6 +40,7 @@ from pathlib import Path
 from tasks.errors import ReproError
 from tasks.imageref import is_image_id
 from tasks.objcache import valid_size
+from tasks.remote import check_url
 
 VARIABLES = {
     "lock": ("REPRO_LOCK", "sources.lock"),
@@ -200,11 +202,11 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
 
 
 def _remote(doit_vars: dict[str, str]) -> tuple[str, bool, float]:
-    remote = _get("remote", doit_vars).strip().rstrip("/")
-    if remote and not remote.startswith(("http://", "https://")):
-        raise ReproError(
-            f"remote={remote!r}: give the http(s) URL of a Bazel HTTP remote cache, e.g. http://cache:8080"
-        )
+    raw_remote = _get("remote", doit_vars).strip()
+    problem = check_url(raw_remote) if raw_remote else None
+    if problem is not None:
+        raise ReproError(f"remote={raw_remote!r}: {problem}")
+    remote = raw_remote.rstrip("/")
     write = _get("remote_write", doit_vars)
     if write not in ("on", "off"):
         raise ReproError(f"remote_write={write!r}: use 'on' (upload built wheels) or 'off' (read only)")

@@ -7,6 +7,7 @@ would run it, through ``python -m doit -f <repo>/dodo.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,6 +26,9 @@ sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
 from make_fixtures import publish  # noqa: E402
 from serve import FixtureServer  # noqa: E402
+
+from tasks.cache import rmtree  # noqa: E402
+from tasks.treehash import file_sha256  # noqa: E402
 
 EXAMPLE_LOCK = REPO / "examples" / "example.lock"
 EXAMPLE_URL = "http://127.0.0.1:8737"
@@ -162,3 +166,31 @@ def scratch_venv(path: Path) -> str:
     ).stdout.strip()
     Path(purelib, "_outer_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return str(py)
+
+
+#: The packages of the example lock's 'quick' profile.
+QUICK = ["repro_cuda", "repro_pure", "repro_pybind"]
+
+
+def warm_workspace(root: Path, quick_cache: Path, server: FixtureServer) -> Workspace:
+    """A workspace whose cache has the sources and compile objects of the quick profile, but no wheels."""
+    cache = copy_cache(quick_cache, root / "cache")
+    rmtree(cache / "wheels")
+    return make_workspace(root / "ws", cache, server.url)
+
+
+def shas(ws: Workspace) -> dict[str, str]:
+    """package -> sha256 of the workspace's wheels/, each file checked against manifest.json."""
+    doc = json.loads((ws.wheels / "manifest.json").read_text())
+    for w in doc["wheels"]:
+        assert file_sha256(ws.wheels / w["filename"]) == w["sha256"]
+    return {w["package"]: w["sha256"] for w in doc["wheels"]}
+
+
+def entries(cache: Path) -> dict[str, dict[str, object]]:
+    """package -> entry.json of the cache's wheel entries."""
+    found = {}
+    for p in (cache / "wheels").glob("*/*/entry.json"):
+        meta = json.loads(p.read_text())
+        found[meta["package"]] = meta
+    return found

@@ -12,15 +12,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Workspace, built_packages, copy_cache, make_workspace, object_counts
+from conftest import (
+    QUICK,
+    Workspace,
+    built_packages,
+    copy_cache,
+    entries,
+    make_workspace,
+    object_counts,
+    shas,
+    warm_workspace,
+)
 from serve import FixtureServer
 
 from tasks.cache import rmtree
 from tasks.treehash import file_sha256
 
 pytestmark = pytest.mark.integration
-
-QUICK = ["repro_cuda", "repro_pure", "repro_pybind"]
 
 NGINX_CONF = """\
 daemon off;
@@ -109,29 +117,6 @@ def nginx(tmp_path: Path) -> Iterator[Nginx]:
     srv = Nginx(tmp_path / "nginx", tmp_path / "store")
     yield srv
     srv.stop()
-
-
-def warm_workspace(root: Path, quick_cache: Path, server: FixtureServer) -> Workspace:
-    """A workspace whose cache has the sources and compile objects of the quick profile, but no wheels."""
-    cache = copy_cache(quick_cache, root / "cache")
-    rmtree(cache / "wheels")
-    return make_workspace(root / "ws", cache, server.url)
-
-
-def shas(ws: Workspace) -> dict[str, str]:
-    doc = json.loads((ws.wheels / "manifest.json").read_text())
-    for w in doc["wheels"]:
-        assert file_sha256(ws.wheels / w["filename"]) == w["sha256"]
-    return {w["package"]: w["sha256"] for w in doc["wheels"]}
-
-
-def entries(cache: Path) -> dict[str, dict[str, object]]:
-    """package -> entry.json of the cache's wheel entries."""
-    found = {}
-    for p in (cache / "wheels").glob("*/*/entry.json"):
-        meta = json.loads(p.read_text())
-        found[meta["package"]] = meta
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +213,42 @@ def test_shards_fill_one_remote_and_a_third_workspace_assembles_without_compilin
     res = third.doit("wheels", "profile=quick", f"remote={nginx.url}")
     assert built_packages(res.stdout) == []
     assert set(shas(third)) == set(QUICK)
+
+
+def _puts(srv: Nginx) -> list[str]:
+    """The paths of the PUT requests in nginx's access log so far."""
+    log = (srv.root / "access.log").read_text() if (srv.root / "access.log").exists() else ""
+    return [line.split('"PUT ', 1)[1].split()[0] for line in log.splitlines() if '"PUT ' in line]
+
+
+def test_wheels_from_the_local_cache_are_uploaded_once(
+    nginx: Nginx, tmp_path: Path, quick_cache: Path, server: FixtureServer
+) -> None:
+    # Wheels built before the remote was set: a local hit must still reach the remote with remote_write=on.
+    hot = make_workspace(tmp_path / "hot", copy_cache(quick_cache, tmp_path / "cache"), server.url)
+    res = hot.doit("wheels", "profile=quick", f"remote={nginx.url}", "remote_write=on")
+    assert built_packages(res.stdout) == []
+    assert res.stdout.count("uploaded ") == len(QUICK), res.stdout
+    keys = {e["package"]: str(e["key"]) for e in entries(hot.cache).values()}
+    assert sorted(_puts(nginx)) == sorted(
+        [f"/cas/{sha}" for sha in shas(hot).values()] + [f"/ac/{k}" for k in keys.values()]
+    )
+
+    # Already there: nothing is sent again.
+    res = hot.doit("wheels", "profile=quick", f"remote={nginx.url}", "remote_write=on")
+    assert "uploaded " not in res.stdout
+    assert len(_puts(nginx)) == 2 * len(QUICK)
+
+    # A record lost on the server: only the record goes up again, not the blob beside it.
+    (nginx.store / "ac" / keys["repro_pure"]).unlink()
+    res = hot.doit("wheels", "profile=quick", f"remote={nginx.url}", "remote_write=on")
+    assert "uploaded repro_pure" in res.stdout and "the blob was there" in res.stdout
+    assert _puts(nginx)[2 * len(QUICK) :] == [f"/ac/{keys['repro_pure']}"]
+
+    fresh = make_workspace(tmp_path / "fresh", tmp_path / "cache-fresh", server.url)
+    res = fresh.doit("wheels", "profile=quick", f"remote={nginx.url}")
+    assert built_packages(res.stdout) == []
+    assert shas(fresh) == shas(hot)
 
 
 def _files(root: Path) -> set[Path]:

@@ -1,8 +1,10 @@
-"""The remote cache's record checks, shard assignment and settings."""
+"""The remote cache's record checks, shard assignment, settings and URLs, and remotes that do not answer."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -12,7 +14,8 @@ import pytest
 from tasks.cache import Cache
 from tasks.errors import ReproError
 from tasks.keys import action_key
-from tasks.remote import Remote, check_record, shard_packages
+from tasks.objcache import shared_remote
+from tasks.remote import Remote, S3Location, check_record, parse_s3_url, shard_packages
 from tasks.settings import load_settings, parse_shard
 
 DOC = {"package": "p", "recipe_format": 2}
@@ -91,3 +94,107 @@ def test_unreachable_remote_is_a_warning_and_given_up(tmp_path: Path, capsys: py
     assert time.monotonic() - started < 10
     err = capsys.readouterr().err
     assert err.count("WARNING: remote cache") == 1 and "not consulted again" in err
+
+
+def test_s3_urls() -> None:
+    assert parse_s3_url("s3://wheels") == S3Location("wheels", "")
+    loc = parse_s3_url("s3://my.team-wheels/ci/stack/")
+    assert loc == S3Location("my.team-wheels", "ci/stack")
+    assert (
+        isinstance(loc, S3Location)
+        and loc.key("ac/k") == "ci/stack/ac/k"
+        and str(loc) == "s3://my.team-wheels/ci/stack"
+    )
+    assert S3Location("wheels", "").key("cas/x") == "cas/x"
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("s3://", "no bucket"),
+        ("s3:///prefix", "no bucket"),
+        ("s3://Wheels", "not an S3 bucket name"),
+        ("s3://my_wheels", "not an S3 bucket name"),
+        ("s3://ab", "not an S3 bucket name"),
+        ("s3://-wheels", "not an S3 bucket name"),
+        ("s3://wheels/a//b", "plain path segments"),
+        ("s3://wheels/../b", "plain path segments"),
+        ("s3://wheels/a?versionId=1", "plain path segments"),
+    ],
+)
+def test_bad_s3_urls_are_refused_by_the_settings(url: str, problem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REPRO_REMOTE_WRITE", raising=False)
+    assert problem in str(parse_s3_url(url))
+    with pytest.raises(ReproError, match=re.escape(f"remote={url!r}")) as exc:
+        load_settings({"remote": url})
+    assert problem in str(exc.value)
+
+
+def test_s3_remote_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("REPRO_REMOTE", "REPRO_REMOTE_WRITE", "REPRO_REMOTE_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    s = load_settings({"remote": "s3://wheels/ci/", "remote_write": "on"})
+    assert (s.remote, s.remote_write) == ("s3://wheels/ci", True)
+    with pytest.raises(ReproError, match=r"s3://bucket/prefix"):
+        load_settings({"remote": "ftp://cache"})
+    with pytest.raises(ReproError, match="http"):
+        load_settings({"remote": "http://"})
+    # ccache's remote storage is HTTP only: an S3 remote shares wheels, not objects.
+    assert shared_remote("s3://wheels/ci") == ""
+    assert shared_remote("http://cache:8080") == "http://cache:8080"
+
+
+def _s3_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    for name, value in {
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test-secret",
+        "AWS_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_unreachable_s3_remote_is_a_warning_and_given_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends
+    _s3_env(monkeypatch, f"http://127.0.0.1:{port}")
+    remote = Remote("s3://wheels/ci", write=True, timeout=1)
+    started = time.monotonic()
+    assert remote.restore(Cache(tmp_path / "cache"), "p", KEY) is None
+    assert remote.restore(Cache(tmp_path / "cache"), "q", KEY) is None  # not asked again
+    assert time.monotonic() - started < 20
+    err = capsys.readouterr().err
+    assert err.count("WARNING: remote cache s3://wheels/ci unavailable") == 1 and "not consulted again" in err
+
+
+def test_unresponsive_s3_remote_costs_bounded_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as hang:  # accepts connections (backlog) and never answers
+        hang.bind(("127.0.0.1", 0))
+        hang.listen(8)
+        _s3_env(monkeypatch, f"http://127.0.0.1:{hang.getsockname()[1]}")
+        remote = Remote("s3://wheels", write=False, timeout=0.5)
+        started = time.monotonic()
+        assert remote.restore(Cache(tmp_path / "cache"), "p", KEY) is None
+        elapsed = time.monotonic() - started
+    # botocore: 3 attempts of 0.5 s to read, with its backoff (at most a few seconds) between them.
+    assert elapsed < 30, elapsed
+    assert "timeout" in capsys.readouterr().err.lower()
+
+
+@pytest.mark.parametrize(("name", "value"), [("AWS_PROFILE", "no-such-profile"), ("AWS_ENDPOINT_URL_S3", "not a url")])
+def test_broken_s3_client_settings_are_a_warning_not_a_failure(
+    name: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _s3_env(monkeypatch, "http://127.0.0.1:9")
+    monkeypatch.setenv(name, value)
+    assert Remote("s3://wheels", write=False, timeout=1).restore(Cache(tmp_path / "cache"), "p", KEY) is None
+    err = capsys.readouterr().err
+    assert "WARNING: remote cache s3://wheels unavailable" in err, err
