@@ -2,7 +2,7 @@
 
     lock            resolve refs and fill in hashes (the only task that writes the lock)
     fetch:<source>  source into the verified source cache
-    mirror          export the cached sources to mirror=DIR for air-gapped hosts
+    mirror          export the cached sources (and hermetic toolchain wheels) to mirror=DIR for air-gapped hosts
     stage:<pkg>     a patched tree under build/stage/ for inspection
     build:<pkg>     the package's wheel into the wheel cache, under its action key
     wheels          wheels/ from the cache: wheels, manifest, simple/ index, requirements, SBOM, provenance
@@ -183,11 +183,15 @@ class WheelhouseCurrent:
 
 @guarded
 def _do_lock() -> None:
-    from tasks.lockcmd import lock_sources
+    from tasks.lockcmd import lock_hermetic, lock_sources
     from tasks.registry import lock_image_digests, split_update
 
     ctx = context()
     sources_update, images_update = split_update(ctx.settings.update)
+    # The hermetic pins first: a lock whose sources are complete must then validate as a whole.
+    for line in lock_hermetic(ctx.settings.lock, ctx.cache, update=sources_update):
+        print(f"  {line}", flush=True)
+    sources_update = tuple(u for u in sources_update if u != "hermetic")
     for line in lock_sources(
         ctx.settings.lock, ctx.cache, mirror=ctx.settings.mirror, logs=ctx.settings.logs, update=sources_update
     ):
@@ -210,6 +214,7 @@ def _do_fetch(name: str) -> None:
 
 @guarded
 def _do_mirror() -> None:
+    from tasks.hermetic import mirror_wheels
     from tasks.sources import export_mirror
 
     _require_pins()
@@ -218,6 +223,11 @@ def _do_mirror() -> None:
         raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
     for line in export_mirror(list(ctx.lock.sources.values()), cache=ctx.cache, mirror=ctx.settings.mirror):
         print(f"  {line}", flush=True)
+    pins = ctx.lock.toolchain.hermetic
+    if pins:
+        print(f"hermetic toolchain: the wheels of {len(pins)} pins into {ctx.settings.mirror / 'wheels'}", flush=True)
+        for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=ctx.settings.mirror):
+            print(f"  {line}", flush=True)
     print(f"mirror written to {ctx.settings.mirror}", flush=True)
 
 
@@ -383,7 +393,7 @@ def _clean_wheels() -> None:
 
 
 def task_lock() -> TaskDict:
-    """Resolve refs to commits and fill in hashes in the lock file (update=NAMES|all re-resolves)."""
+    """Resolve refs to commits and fill in hashes in the lock file (update=NAMES|hermetic|all re-resolves)."""
     return {"actions": [_do_lock], "uptodate": [False], **CONSOLE}
 
 
@@ -401,7 +411,7 @@ def task_fetch() -> Iterator[TaskDict]:
 
 
 def task_mirror() -> TaskDict:
-    """Export the lock's cached sources to mirror=DIR (for hosts without network)."""
+    """Export the lock's cached sources and hermetic toolchain wheels to mirror=DIR (for hosts without network)."""
     ctx = context()
     return {
         "actions": [_do_mirror],

@@ -1,8 +1,9 @@
 """`doit lock`: resolve refs to commits, submodules to their gitlinks, fill in hashes.
 
-The only code that writes the lock file. It edits the TOML document in place
-(tomlkit keeps comments and layout) and replaces the file atomically.
-Complete entries are left alone unless named by ``update=`` (or ``update=all``).
+With tasks/registry.py (image digests), the only code that writes the lock
+file. It edits the TOML document in place (tomlkit keeps comments and layout)
+and replaces the file atomically. Complete entries are left alone unless named
+by ``update=`` (or ``update=all``; ``update=hermetic`` for the hermetic toolchain).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import tomlkit
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from tasks import gitsrc, pypi
+from tasks import gitsrc, hermetic, pypi
 from tasks.cache import Cache, write_atomic
-from tasks.errors import LockError
+from tasks.errors import LockError, ReproError
 from tasks.lockfile import Source, Submodule, load_lock
 from tasks.sources import materialize, source_filter
 from tasks.treehash import tree_sha256
@@ -109,7 +111,10 @@ def lock_sources(
     lock = load_lock(lock_path, require_pins=False)
     unknown = [u for u in update if u != "all" and u not in lock.sources]
     if unknown:
-        raise LockError(f"update= names unknown source(s) {', '.join(unknown)}; sources: {', '.join(lock.sources)}")
+        raise LockError(
+            f"update= names unknown source(s) {', '.join(unknown)}; sources: {', '.join(lock.sources)} "
+            "(and: all, hermetic, image, builder)"
+        )
     doc = tomlkit.parse(lock_path.read_text())
     report = []
     for name, src in lock.sources.items():
@@ -137,3 +142,51 @@ def lock_sources(
     write_atomic(lock_path, tomlkit.dumps(doc))
     load_lock(lock_path)  # what we wrote must validate
     return report
+
+
+def lock_hermetic(lock_path: Path, cache: Cache, *, update: tuple[str, ...]) -> list[str]:
+    """Fill in the ``--hash`` options of ``[toolchain.hermetic] requirements``; return lines saying what was pinned.
+
+    A requirement without hashes (every one with ``update=hermetic`` or
+    ``update=all``) gets one per wheel :func:`tasks.hermetic.lock_pin` selects.
+    Every requirement is resolved before the file is written, so an error
+    leaves the lock as it was.
+    """
+    lock = load_lock(lock_path, require_pins=False)
+    if not lock.toolchain.hermetic:
+        if "hermetic" in update:
+            raise LockError(f"update=hermetic: {lock_path} has no [toolchain.hermetic] requirements to re-pin")
+        return []
+    refresh = "hermetic" in update or "all" in update
+    doc = tomlkit.parse(lock_path.read_text())
+    lines = doc["toolchain"]["hermetic"]["requirements"]
+    pins = {p.name: p for p in lock.toolchain.hermetic}
+    report: list[str] = []
+    changed: dict[int, str] = {}
+    indexes: list[str] = []
+    with cache.staging("lock-hermetic") as work:
+        for i, line in enumerate(lines):
+            spec = str(line).split(" --")[0].strip()
+            pin = pins[canonicalize_name(Requirement(spec).name)]
+            what = f"hermetic {pin.name}=={pin.version}"
+            if pin.hashes and not refresh:
+                report.append(f"{what}: pinned ({_count(len(pin.hashes), 'hash', 'hashes')})")
+                continue
+            indexes = indexes or pypi.pip_indexes()
+            try:
+                files = hermetic.lock_pin(pin, python=lock.toolchain.python, work=work, indexes=indexes)
+            except ReproError as exc:
+                raise type(exc)(f"{exc.message}\n{lock_path} was left as it was.") from None
+            changed[i] = " ".join([spec, *(f"--hash=sha256:{h}" for h in sorted({sha for _, sha in files}))])
+            report.append(f"{what}: {_count(len(files), 'wheel', 'wheels')}")
+            report.extend(f"  {name}  sha256:{sha}" for name, sha in files)
+    if any(str(lines[i]) != text for i, text in changed.items()):
+        for i, text in changed.items():
+            lines[i] = text
+        write_atomic(lock_path, tomlkit.dumps(doc))
+        load_lock(lock_path, require_pins=False)  # what we wrote must validate
+    return report
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

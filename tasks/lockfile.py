@@ -54,7 +54,10 @@ TOOLCHAIN_EXTRAS = ("cudnn",)
 
 @dataclass(frozen=True, kw_only=True)
 class WheelPin:
-    """One wheel of the hermetic toolchain: an exact version and the sha256 of each acceptable file."""
+    """One wheel of the hermetic toolchain: an exact version and the sha256 of each acceptable file.
+
+    ``hashes`` is empty only in a lock read with ``require_pins=False`` (`doit lock` fills it).
+    """
 
     name: str
     version: str
@@ -654,7 +657,11 @@ def _parse_toolchain(p: _Problems, raw: Any) -> Toolchain:
 
 
 def _parse_hermetic(p: _Problems, raw: Any) -> tuple[WheelPin, ...]:
-    """``[toolchain.hermetic] requirements``: each an exact ``==`` pin with at least one sha256."""
+    """``[toolchain.hermetic] requirements``: each an exact ``==`` pin with at least one sha256.
+
+    A pin without ``--hash`` is an unpinned entry, which `doit lock` fills in
+    (tasks/hermetic.py); any other problem of a line is an error.
+    """
     where = "toolchain.hermetic"
     if raw is None or not p.check_table(where, raw, HERMETIC_FIELDS):
         return ()
@@ -672,7 +679,7 @@ def _parse_hermetic(p: _Problems, raw: Any) -> tuple[WheelPin, ...]:
         specs = list(req.specifier)
         problems = []
         if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
-            problems.append(f"needs one exact version, such as '{req.name}==13.0.88'")
+            problems.append(f"needs one exact version, '{req.name}==<version>' (only == pins are hashed and installed)")
         if req.url or req.extras or req.marker:
             problems.append("takes no URL, extras or environment markers")
         hashes = []
@@ -685,17 +692,19 @@ def _parse_hermetic(p: _Problems, raw: Any) -> tuple[WheelPin, ...]:
                 problems.append(f"hash {m.group(1)!r} must be 'sha256:' and 64 lowercase hex digits")
             else:
                 hashes.append(m.group(1)[len("sha256:") :])
-        if not options:
-            problems.append(
-                "has no --hash=sha256:...; get it with `pip download --no-deps --only-binary=:all: "
-                f"'{spec.strip()}'` and `pip hash <the downloaded wheel>`"
-            )
         key = canonicalize_name(req.name)
         if key in pins:
             problems.append(f"pins {req.name} a second time")
         if problems:
+            if not options:
+                problems.append("has no --hash=sha256:... (`doit lock` fills them in for an exact pin)")
             p.add(where, f"requirement {line!r} " + "; ".join(problems))
             continue
+        if not options:
+            p.unpinned(
+                where,
+                f"requirement {line!r} has no --hash=sha256:... (run `doit lock` to fill in the sha256 of its wheels)",
+            )
         pins[key] = WheelPin(name=key, version=specs[0].version, hashes=tuple(sorted(set(hashes))))
     return tuple(sorted(pins.values(), key=lambda w: w.name))
 

@@ -130,6 +130,46 @@ def list_files(project: str, indexes: list[str] | None = None) -> list[Link]:
     return []
 
 
+@dataclass(frozen=True)
+class ProjectFiles:
+    """A project's files over every configured index, as pip sees them (merged by file name)."""
+
+    links: list[Link]
+    pages: list[str]  # the project pages asked, in index order
+    found: list[str]  # those that know the project
+
+
+def project_files(project: str, indexes: list[str] | None = None) -> ProjectFiles:
+    """Every file of ``project`` on every configured index (pip merges the indexes too).
+
+    A file name listed by two indexes with different sha256s is an error, and
+    so is an index that cannot be read: either would leave a partial view.
+    """
+    pages: list[str] = []
+    found: list[str] = []
+    by_name: dict[str, Link] = {}
+    for index in indexes or pip_indexes():
+        page = index.rstrip("/") + f"/{canonicalize_name(project)}/"
+        pages.append(page)
+        try:
+            body = _read(page)
+        except OSError as exc:  # requests' errors are OSErrors
+            raise FetchError(f"cannot read {page} ({exc.__class__.__name__}: {exc}); retry when it answers") from None
+        if body is None:
+            continue
+        found.append(page)
+        for link in parse_simple_page(body.decode("utf-8", "replace"), page):
+            seen = by_name.get(link.filename)
+            if seen is None or (link.sha256 and not seen.sha256):
+                by_name[link.filename] = link
+            elif link.sha256 and link.sha256 != seen.sha256:
+                raise FetchError(
+                    f"{link.filename}: the package indexes disagree on its sha256 ({seen.url} has {seen.sha256}, "
+                    f"{link.url} has {link.sha256}); fix or drop one of them in pip's configuration"
+                )
+    return ProjectFiles(links=list(by_name.values()), pages=pages, found=found)
+
+
 def download(url: str, dest: Path) -> None:
     """Download ``url`` (http(s) or file) to ``dest``."""
     import requests

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tasks.errors import LockError
-from tasks.lockfile import arch_env, expand_env, load_lock, parse_lock
+from tasks.lockfile import WheelPin, arch_env, expand_env, load_lock, parse_lock
 
 SHA1 = "a" * 40
 SHA256 = "b" * 64
@@ -227,6 +227,16 @@ def test_hermetic_toolchain_pins_exact_versions_with_hashes() -> None:
     assert parse(good_doc()).toolchain.hermetic == ()  # off unless the lock has the table
 
 
+def test_hermetic_pin_without_hashes_is_left_for_doit_lock() -> None:
+    doc = good_doc()
+    doc["toolchain"]["hermetic"] = {"requirements": ["nvidia-cuda-nvcc==13.0.88"]}
+    lock = parse(doc, require_pins=False)
+    assert lock.toolchain.hermetic == (WheelPin(name="nvidia-cuda-nvcc", version="13.0.88", hashes=()),)
+    assert any("run `doit lock` to fill in the sha256 of its wheels" in u for u in lock.unpinned)
+    with pytest.raises(LockError, match=r"'nvidia-cuda-nvcc==13.0.88' has no --hash=sha256:\.\.\. \(run `doit lock`"):
+        parse(doc)
+
+
 def test_hermetic_toolchain_problems_are_all_reported() -> None:
     doc = good_doc()
     doc["toolchain"]["hermetic"] = {
@@ -250,8 +260,10 @@ def test_hermetic_toolchain_problems_are_all_reported() -> None:
         parse(doc)
     msg = str(err.value)
     assert "6 problems" in msg
-    assert "'nvidia-cuda-nvcc>=13.0' needs one exact version, such as 'nvidia-cuda-nvcc==13.0.88'; has no --hash" in msg
-    assert "pip download --no-deps --only-binary=:all: 'nvidia-cuda-nvcc>=13.0'" in msg
+    assert (
+        "'nvidia-cuda-nvcc>=13.0' needs one exact version, 'nvidia-cuda-nvcc==<version>' "
+        "(only == pins are hashed and installed); has no --hash" in msg
+    )
     assert "'nvidia-nvvm==13.0.* --hash" in msg
     assert "hash 'sha256:abc' must be 'sha256:' and 64 lowercase hex digits" in msg
     assert "has unknown option '--hashes' (perhaps you meant '--hash'?)" in msg
