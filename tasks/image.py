@@ -421,6 +421,11 @@ def build_image(ctx: Context) -> Plan:
     if current_image(plan) is not None:
         print(f"image {plan.tag} is up to date", flush=True)
         return plan
+    if (base.get("Config") or {}).get("OnBuild"):
+        raise ImageError(
+            f"the base {plan.base.description} has ONBUILD triggers ({base['Config']['OnBuild']}), which doit image "
+            "does not run: build on a base without them (run the triggers in an image of your own first)"
+        )
     build_dir = ctx.settings.builddir.absolute()
     build_dir.mkdir(parents=True, exist_ok=True)
     log = (ctx.settings.logs / "image.log").absolute()

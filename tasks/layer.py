@@ -42,7 +42,8 @@ from tasks.treehash import file_sha256
 #: What docker puts on PATH when an image sets none.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-#: The keys of the base's container config that an image config carries (docker's and the OCI's).
+#: The keys of the base's container config that an image built on it inherits, as `docker build` has them
+#: (not OnBuild: docker runs a base's ONBUILD triggers instead of inheriting them; doit image refuses such a base).
 CONFIG_KEYS = (
     "User",
     "ExposedPorts",
@@ -55,7 +56,6 @@ CONFIG_KEYS = (
     "StopSignal",
     "ArgsEscaped",
     "Healthcheck",
-    "OnBuild",
     "Shell",
 )
 

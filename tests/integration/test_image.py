@@ -299,6 +299,23 @@ def test_base_must_be_pinned_and_present(built: Workspace, base_id: str) -> None
         assert res.returncode != 0 and "give a local image by ID" in res.stdout + res.stderr
     finally:
         ws.edit_lock('\ndigest = "sha256:' + "0" * 64 + '"', "")
+    # A base with ONBUILD triggers: docker build would run them, doit image does not, so it refuses the base.
+    onbuild = f"reprostack-test-onbuild:{base_id[7:19]}"
+    res = subprocess.run(
+        ["docker", "build", "--quiet", "--tag", onbuild, "-"],
+        input=f"FROM {base_id}\nONBUILD RUN touch /onbuild-ran\n",
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, DOCKER_BUILDKIT="0"),
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    try:
+        res = ws.doit("image", f"base={res.stdout.strip()}", check=False)
+        text = res.stdout + res.stderr
+        assert res.returncode != 0 and "has ONBUILD triggers (['RUN touch /onbuild-ran'])" in text, text
+    finally:
+        _docker("image", "rm", onbuild, check=False)
     assert labelled_images() == before
 
 

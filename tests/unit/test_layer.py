@@ -138,6 +138,7 @@ BASE: dict[str, Any] = {
         "WorkingDir": "/workspace",
         "Entrypoint": ["/opt/entrypoint.sh"],
         "Labels": {"maintainer": "base", "org.opencontainers.image.title": "base title"},
+        "OnBuild": ["RUN make"],
     },
     "RootFS": {"Type": "layers", "Layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64]},
 }
@@ -202,7 +203,7 @@ def test_the_config_is_the_base_plus_the_venv_at_a_fixed_time() -> None:
     assert config["history"][-1] == {"created": "1980-01-01T00:00:00Z", "created_by": "doit image: 3 wheels"}
     assert sum(not e.get("empty_layer") for e in config["history"]) == len(config["rootfs"]["diff_ids"])
     inner = config["config"]
-    assert set(inner) == {"Env", "Cmd", "WorkingDir", "Entrypoint", "Labels"}  # no empty or runtime-only fields
+    assert set(inner) == {"Env", "Cmd", "WorkingDir", "Entrypoint", "Labels"}  # no empty, runtime-only, ONBUILD
     assert inner["Env"] == [
         "PATH=/opt/reprostack/bin:/usr/local/nvidia/bin:/usr/bin:/bin",
         "LANG=C.UTF-8",
