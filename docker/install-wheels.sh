@@ -1,14 +1,29 @@
 #!/bin/sh
-# Install the wheelhouse into a virtual environment, offline and hash-checked.
-# Runs inside `docker build --network none` (docker/Dockerfile):
+# The runtime image's definition: the base, pinned by digest, plus the venv this
+# script makes from the wheelhouse, offline, hash-checked and reproducibly.
+#
+# Run by `doit image` (tasks/image.py), never by hand: in a container of the
+# base with no network, as root, with this directory and wheels/ (the
+# wheelhouse's wheels and hash-pinned requirements.txt) copied to /reprostack:
 #   install-wheels.sh PYTHON PREFIX WHEELS
+# doit image then copies PREFIX out of the container and writes it as the
+# image's one new layer, with the config (VIRTUAL_ENV, PREFIX/bin first on
+# PATH, the labels) itself (tasks/layer.py): fixed times, sorted entries, so
+# the same inputs give the same image ID. Neither the wheel files nor pip's
+# work files end up in the image.
+#
 # The venv sees the base's own packages (torch, CUDA libraries) through
 # --system-site-packages; only what the wheelhouse holds is installed, and
-# only from it.
+# only from it. Same bytes every time: SOURCE_DATE_EPOCH comes from doit image,
+# PYTHONHASHSEED is fixed, pip installs without compiling, and compileall then
+# writes every .pyc with --invalidation-mode checked-hash (the source's hash
+# in the header, not its mtime).
 set -eu
 python=$1
 prefix=$2
 wheels=$3
+: "${SOURCE_DATE_EPOCH:?doit image sets it}"
+export PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1
 
 echo "reprostack: step check the base's python ($python)"
 command -v "$python" >/dev/null 2>&1 || {
@@ -32,8 +47,14 @@ fi
 echo "reprostack: step pip install --no-index --require-hashes -r requirements.txt"
 # --no-deps: dependencies come from the base (torch) and are checked by `doit verify_image`.
 PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
-    $pip install --no-index --no-deps --no-cache-dir --require-hashes \
+    $pip install --no-index --no-deps --no-cache-dir --require-hashes --no-compile \
     --find-links "$wheels" -r "$wheels/requirements.txt"
 
+site=$(ls -d "$prefix"/lib/python*/site-packages)
 echo "reprostack: step list what the venv holds"
-$pip list --path "$(ls -d "$prefix"/lib/python*/site-packages)" --format freeze
+$pip list --path "$site" --format freeze
+
+echo "reprostack: step compile the venv's .py files (checked-hash .pyc)"
+# As pip does, a file that does not compile (a template, Python 2 code) is reported and skipped.
+"$prefix/bin/python" -m compileall -q -f -j 0 --invalidation-mode checked-hash "$site" ||
+    echo "reprostack: compileall could not compile the files above; they are left without .pyc"

@@ -23,10 +23,6 @@ START_HINT = (
     "(Debian/Ubuntu: `sudo apt-get install docker.io`); set DOCKER_HOST for a remote daemon."
 )
 
-#: The legacy builder needs no buildx plugin and runs on every daemon since 1.x; the
-#: Dockerfile uses nothing BuildKit-only. REPRO_DOCKER_BUILDKIT=1 switches to BuildKit.
-BUILDKIT_ENV = "REPRO_DOCKER_BUILDKIT"
-
 
 def docker_bin() -> str:
     found = shutil.which("docker")
@@ -36,9 +32,8 @@ def docker_bin() -> str:
 
 
 def client_env() -> dict[str, str]:
-    """The environment of docker commands: ours, with the builder chosen explicitly."""
+    """The environment of docker commands: ours, without the CLI's hints."""
     env = dict(os.environ)
-    env["DOCKER_BUILDKIT"] = "1" if os.environ.get(BUILDKIT_ENV, "") not in ("", "0") else "0"
     env.setdefault("DOCKER_CLI_HINTS", "false")
     return env
 
@@ -83,20 +78,17 @@ def inspect_image(ref: str) -> dict[str, Any] | None:
     return data[0] if isinstance(data, list) and data else None
 
 
-#: Local alias of a base image, named by its ID: BuildKit reads ``FROM sha256:...`` as a Docker Hub
-#: name and would try to pull it, while a local tag is used as it is, by both builders.
-PIN_REPOSITORY = "reprostack-pinned-base"
-
-
-def pin_tag(image_id: str) -> str:
-    """Tag the local image ``image_id`` as ``reprostack-pinned-base:<its 64 hex digits>``; return that tag."""
-    tag = f"{PIN_REPOSITORY}:{image_id.removeprefix('sha256:')}"
-    query(["image", "tag", image_id, tag], what=f"docker image tag {image_id}")
-    return tag
-
-
 def image_labels(info: Mapping[str, Any]) -> dict[str, str]:
     return dict((info.get("Config") or {}).get("Labels") or {})
+
+
+def image_history(ref: str) -> list[dict[str, Any]]:
+    """``docker image history`` of one image, newest entry first: CreatedAt, CreatedBy, Comment, Size (bytes)."""
+    out = query(
+        ["image", "history", "--no-trunc", "--human=false", "--format", "{{json .}}", ref],
+        what=f"docker image history {ref}",
+    )
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
 def images_with_label(label: str) -> list[str]:
@@ -109,79 +101,6 @@ def runtimes() -> dict[str, Any]:
     out = query(["info", "--format", "{{json .Runtimes}}"], what="docker info")
     data = json.loads(out or "{}")
     return data if isinstance(data, dict) else {}
-
-
-def build(
-    context: Path,
-    *,
-    tag: str,
-    build_args: Mapping[str, str],
-    labels: Mapping[str, str],
-    log: Path,
-    network: str = "none",
-) -> None:
-    """``docker build`` with its output in ``log``; ImageError naming the failing step."""
-    cmd = [docker_bin(), "build", "--rm", "--force-rm", "--network", network, "--tag", tag]
-    if client_env()["DOCKER_BUILDKIT"] == "1":
-        cmd += ["--progress", "plain"]
-    for key, value in sorted(build_args.items()):
-        cmd += ["--build-arg", f"{key}={value}"]
-    for key, value in sorted(labels.items()):
-        cmd += ["--label", f"{key}={value}"]
-    cmd.append(str(context))
-    start = log.stat().st_size if log.exists() else 0
-    try:
-        proc.run(cmd, env=client_env(), log=log, error=ImageError, what=f"docker build of {tag}")
-    except ImageError as exc:
-        with log.open("rb") as fh:
-            fh.seek(start)
-            step = failing_step(fh.read().decode("utf-8", "replace"))
-        head, _, rest = exc.message.partition("\n")
-        where = f" at {step}" if step else ""
-        raise ImageError(f"{head.rstrip('.')}{where}.\n{rest}\nNo image was tagged.") from None
-
-
-_LEGACY_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")
-_VERTEX = re.compile(r"^#(\d+) (.*)$")
-_VERTEX_HEADER = re.compile(r"^\[([^\]]+)\] (.*)$")
-_VERTEX_TIME = re.compile(r"^\d+\.\d+ ")
-_OWN_STEP = re.compile(r"^reprostack: step (.*)$")
-
-
-def failing_step(output: str) -> str:
-    """Name the Dockerfile step, and our install script's own step, that a failed build stopped in.
-
-    Legacy builder: the last ``Step N/M : INSTRUCTION`` line. BuildKit
-    (``--progress plain``): the ``#N [stage k/m] INSTRUCTION`` header of the
-    vertex that printed ``#N ERROR``. The install script prints
-    ``reprostack: step ...`` before each of its own steps.
-    """
-    headers: dict[str, str] = {}
-    own_by_vertex: dict[str, str] = {}
-    legacy = legacy_own = failed = ""
-    for raw in output.splitlines():
-        line = raw.strip()
-        if m := _LEGACY_STEP.match(line):
-            legacy, legacy_own = f"Dockerfile step {m.group(1)} ({_clip(m.group(2))})", ""
-        elif m := _VERTEX.match(line):
-            vertex, rest = m.group(1), m.group(2)
-            if h := _VERTEX_HEADER.match(rest):
-                headers[vertex] = f"Dockerfile step [{h.group(1)}] ({_clip(h.group(2))})"
-            elif rest.startswith("ERROR"):
-                failed = vertex
-            elif o := _OWN_STEP.match(_VERTEX_TIME.sub("", rest, count=1)):
-                own_by_vertex[vertex] = o.group(1)
-        elif o := _OWN_STEP.match(line):
-            legacy_own = o.group(1)
-    step, own = (headers.get(failed, ""), own_by_vertex.get(failed, "")) if failed else (legacy, legacy_own)
-    if own:
-        return f"{step}, install step '{_clip(own)}'" if step else f"install step '{_clip(own)}'"
-    return step
-
-
-def _clip(text: str, width: int = 100) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def run_container(
@@ -216,3 +135,58 @@ def run_container(
 
 def current_user() -> str:
     return f"{os.getuid()}:{os.getgid()}"
+
+
+def create_container(
+    image: str,
+    command: Sequence[str],
+    *,
+    name: str,
+    entrypoint: str,
+    env: Mapping[str, str],
+    user: str = "0:0",
+    network: str = "none",
+) -> None:
+    """``docker create`` a container named ``name`` (started later by :func:`start_attached`)."""
+    cmd = ["create", "--name", name, "--network", network, "--user", user, "--entrypoint", entrypoint]
+    for key, value in sorted(env.items()):
+        cmd += ["--env", f"{key}={value}"]
+    query([*cmd, image, *command], what=f"docker create {name}")
+
+
+def copy_into(container: str, src: Path, dest: str) -> None:
+    """``docker cp SRC CONTAINER:DEST`` of a directory: DEST becomes a copy of it (through the API, no mount)."""
+    query(["cp", f"{src}/.", f"{container}:{dest}"], what=f"docker cp {src} {container}:{dest}")
+
+
+def start_attached(container: str, *, log: Path, what: str) -> None:
+    """``docker start --attach``: run the created container to its end, its output in ``log``."""
+    proc.run([docker_bin(), "start", "--attach", container], env=client_env(), log=log, error=ImageError, what=what)
+
+
+def copy_out(container: str, path: str, dest: Path, *, log: Path) -> None:
+    """``docker cp CONTAINER:PATH -``: ``path`` as a tar (its last component first in every name) in ``dest``."""
+    proc.run(
+        [docker_bin(), "cp", f"{container}:{path}", "-"],
+        env=client_env(),
+        log=log,
+        error=ImageError,
+        what=f"docker cp {container}:{path}",
+        stdout=dest,
+    )
+
+
+def remove_container(container: str) -> None:
+    """``docker rm --force``, quietly: a container that is not there is already removed."""
+    proc.capture([docker_bin(), "rm", "--force", container], env=client_env())
+
+
+def load(archive: Path, *, log: Path) -> None:
+    """``docker load --input``."""
+    proc.run(
+        [docker_bin(), "load", "--input", str(archive)],
+        env=client_env(),
+        log=log,
+        error=ImageError,
+        what=f"docker load of {archive.name}",
+    )

@@ -1,16 +1,20 @@
-"""Stage 5: the runtime image, the base pinned by digest plus the wheelhouse.
+"""Stage 5: the runtime image, the base pinned by digest plus the wheelhouse, the same digest every build.
 
-``doit image`` builds ``docker/Dockerfile`` (the lock's ``[image] docker_dir``)
-on the base the lock pins by digest, or on a local image named by ID with
-``base=``. The wheels are installed offline (``--network none``, ``pip
+``doit image`` runs ``docker/install-wheels.sh`` (the lock's ``[image]
+docker_dir``) in a container of the base the lock pins by digest, or of a
+local image named by ID with ``base=``: no network, the docker_dir and the
+wheels copied in with ``docker cp``, the wheels installed offline (``pip
 install --no-index --require-hashes`` from the wheelhouse's requirements.txt)
-into a venv at ``[image] prefix``. The image is tagged by content,
-``<name>:<key[:12]>``, where the key is the sha256 of everything that goes in:
-the base pin, the lock's hash and profile, every wheel's sha256, the
-requirements file, the tree hash of docker_dir, the image settings and the
-labels. Its labels name the lock's hash, every wheel's sha256 and every
-source pin (commit or archive sha256), so ``docker inspect`` says what the
-image holds.
+into a venv at ``[image] prefix``. The venv is copied out as a tar, written as
+one layer on the base with the image config by :mod:`tasks.layer` (fixed
+times, sorted entries, canonical JSON) and ``docker load``-ed: the same
+inputs give the same layer diff_id and image ID, on any day and in any
+directory. The image is tagged by content, ``<name>:<key[:12]>``, where the
+key is the sha256 of everything that goes in: the base pin, the lock's hash
+and profile, every wheel's sha256, the requirements file, the tree hash of
+docker_dir, the image settings and the labels. Its labels name the lock's
+hash, every wheel's sha256 and every source pin (commit or archive sha256), so
+``docker inspect`` says what the image holds.
 
 Pure parts (labels, key document, wheelhouse checks) take plain values;
 the docker calls are in :mod:`tasks.docker`.
@@ -35,13 +39,20 @@ from tasks.context import Context
 from tasks.errors import ImageError, ReproError
 from tasks.imageref import label_key, parse_reference, short_id
 from tasks.keys import canonical_json
+from tasks.layer import base_history, config_bytes, image_config, normalize_layer, write_docker_archive
 from tasks.lockfile import ImageSpec
 from tasks.treehash import file_sha256, tree_sha256
+from tasks.wheelnorm import DEFAULT_EPOCH
 
-#: Bump when what an image holds changes for the same inputs (Dockerfile contract, labels).
-IMAGE_FORMAT = 1
+#: Bump when what an image holds changes for the same inputs (install script contract, layer, config, labels).
+#: 2: no docker build; the layer and config written by tasks/layer.py, the same bytes for the same inputs.
+IMAGE_FORMAT = 2
 KEY_LABEL = "org.reprostack.image.key"
 OCI = "org.opencontainers.image"
+#: docker_dir's script that installs the wheelhouse, and where the install container gets docker_dir and wheels/.
+INSTALL_SCRIPT = "install-wheels.sh"
+STAGE = "/reprostack"
+STEP_MARK = "reprostack: step "
 
 
 # --------------------------------------------------------------------------- the plan (pure)
@@ -80,10 +91,6 @@ class Plan:
     @property
     def tag(self) -> str:
         return f"{self.spec.name}:{self.key[:12]}"
-
-    @property
-    def build_args(self) -> dict[str, str]:
-        return {"PYTHON": self.spec.python, "PREFIX": self.spec.prefix}
 
 
 def image_labels(
@@ -248,8 +255,10 @@ def make_plan(ctx: Context) -> Plan:
     spec = image_spec(ctx)
     base = base_pin(ctx, spec)
     house = load_wheelhouse(ctx.settings.wheels)
-    if not spec.docker_dir.is_dir():
-        raise ImageError(f"[image] docker_dir {spec.docker_dir} is not a directory (it holds the Dockerfile)")
+    if not (spec.docker_dir / INSTALL_SCRIPT).is_file():
+        raise ImageError(
+            f"[image] docker_dir {spec.docker_dir} has no {INSTALL_SCRIPT} (the script that installs the wheelhouse)"
+        )
     docker_tree = tree_sha256(spec.docker_dir)
     labels = image_labels(
         spec=spec,
@@ -325,7 +334,7 @@ def local_base(plan: Plan) -> dict[str, Any]:
 
 
 def _stage_context(plan: Plan, house: Wheelhouse, dest: Path) -> None:
-    """The build context: docker_dir's files, plus wheels/ with the wheels and requirements.txt."""
+    """What the install container gets at /reprostack: docker_dir's files, and wheels/ with the wheelhouse."""
     rmtree(dest)
     shutil.copytree(plan.spec.docker_dir, dest, symlinks=True)
     wheels = dest / "wheels"
@@ -340,6 +349,68 @@ def _stage_context(plan: Plan, house: Wheelhouse, dest: Path) -> None:
             shutil.copyfile(src, dst)
 
 
+def failed_install_step(output: str) -> str:
+    """The install script's last ``reprostack: step ...`` in ``output`` (where it stopped), or ''."""
+    steps = [line.strip()[len(STEP_MARK) :] for line in output.splitlines() if line.strip().startswith(STEP_MARK)]
+    return " ".join(steps[-1].split()) if steps else ""
+
+
+def _install_venv(plan: Plan, base_id: str, context: Path, raw: Path, log: Path) -> None:
+    """Run install-wheels.sh in a container of the base (no network); PREFIX as a tar in ``raw``."""
+    name = f"reprostack-install-{plan.key[:12]}-{os.getpid()}"
+    command = [f"{STAGE}/{INSTALL_SCRIPT}", plan.spec.python, plan.spec.prefix, f"{STAGE}/wheels"]
+    start = log.stat().st_size
+    try:
+        docker.create_container(
+            base_id, command, name=name, entrypoint="/bin/sh", env={"SOURCE_DATE_EPOCH": str(DEFAULT_EPOCH)}
+        )
+        docker.copy_into(name, context, STAGE)
+        try:
+            docker.start_attached(name, log=log, what=f"{INSTALL_SCRIPT} in a container of the base")
+        except ImageError as exc:
+            with log.open("rb") as fh:
+                fh.seek(start)
+                step = failed_install_step(fh.read().decode("utf-8", "replace"))
+            head, _, rest = exc.message.partition("\n")
+            where = f" at install step '{step}'" if step else ""
+            raise ImageError(f"{head.rstrip('.')}{where}.\n{rest}\nNo image was tagged.") from None
+        docker.copy_out(name, plan.spec.prefix, raw, log=log)
+    finally:
+        docker.remove_container(name)
+
+
+def _write_image(plan: Plan, base: Mapping[str, Any], raw: Path, work: Path, log: Path, wheels: int) -> str:
+    """The layer, config and docker-archive of ``plan`` from the venv tar ``raw``, loaded; return the image ID.
+
+    Each intermediate file is removed once the next one is written, so at most
+    two copies of the venv are on disk at a time.
+    """
+    layer, archive = work / "layer.tar", work / "image.docker.tar"
+    try:
+        diff_id = normalize_layer(raw, layer, prefix=plan.spec.prefix, epoch=DEFAULT_EPOCH)
+        raw.unlink()
+        history = base_history(docker.image_history(str(base["Id"])), len(base["RootFS"]["Layers"]))
+    except ValueError as exc:
+        raise ImageError(f"cannot write the image of {plan.tag}: {exc}; see {log}") from None
+    config = config_bytes(
+        image_config(
+            base=base,
+            history=history,
+            diff_id=diff_id,
+            prefix=plan.spec.prefix,
+            labels=plan.labels,
+            created_by=f"doit image: {wheels} wheels from the wheelhouse into the venv {plan.spec.prefix}",
+            epoch=DEFAULT_EPOCH,
+        )
+    )
+    image_id = write_docker_archive(archive, config=config, layer=layer, tag=plan.tag, epoch=DEFAULT_EPOCH)
+    layer.unlink()
+    with log.open("a") as fh:
+        fh.write(f"# layer diff_id {diff_id}\n# config {config.decode()}\n# image ID {image_id}\n")
+    docker.load(archive, log=log)
+    return image_id
+
+
 def build_image(ctx: Context) -> Plan:
     """Build the runtime image of the current plan, or reuse it; return the plan."""
     docker.check_daemon()
@@ -350,31 +421,34 @@ def build_image(ctx: Context) -> Plan:
     if current_image(plan) is not None:
         print(f"image {plan.tag} is up to date", flush=True)
         return plan
+    if (base.get("Config") or {}).get("OnBuild"):
+        raise ImageError(
+            f"the base {plan.base.description} has ONBUILD triggers ({base['Config']['OnBuild']}), which doit image "
+            "does not run: build on a base without them (run the triggers in an image of your own first)"
+        )
     build_dir = ctx.settings.builddir.absolute()
     build_dir.mkdir(parents=True, exist_ok=True)
     log = (ctx.settings.logs / "image.log").absolute()
-    context_dir = build_dir / "image" / f"context-{plan.key[:12]}"
+    work = build_dir / "image" / plan.key[:12]
     with FileLock(str(build_dir / "image.lock")):
-        _stage_context(plan, house, context_dir)
+        rmtree(work)
+        work.mkdir(parents=True)
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"# doit image: {plan.tag}\n# key document: {json.dumps(plan.document, sort_keys=True)}\n")
         print(f"image {plan.tag} on {plan.base.description} ({len(house.wheels)} wheels), log: {log}", flush=True)
         try:
-            docker.build(
-                context_dir,
-                tag=plan.tag,
-                build_args={"BASE": docker.pin_tag(str(base["Id"])), **plan.build_args},
-                labels=plan.labels,
-                log=log,
-            )
+            _stage_context(plan, house, work / "context")
+            _install_venv(plan, str(base["Id"]), work / "context", work / "venv.tar", log)
+            image_id = _write_image(plan, base, work / "venv.tar", work, log, len(house.wheels))
         finally:
-            rmtree(context_dir)
+            rmtree(work)
     built = current_image(plan)
-    if built is None:
-        raise ImageError(f"docker build reported success but {plan.tag} does not carry key {plan.key}; see {log}")
+    if built is None or built["Id"] != image_id:
+        raise ImageError(f"docker load reported success but {plan.tag} is not image {image_id}; see {log}")
+    layer = built["RootFS"]["Layers"][-1]
     print(
-        f"built image {plan.tag} (id {short_id(str(built['Id']))}, {int(built.get('Size', 0)) / 1e6:.0f} MB, "
-        f"{len(plan.labels)} labels)",
+        f"built image {plan.tag} (id {short_id(image_id)}, layer {layer[:19]}…, "
+        f"{int(built.get('Size', 0)) / 1e6:.0f} MB, {len(plan.labels)} labels)",
         flush=True,
     )
     return plan

@@ -8,6 +8,7 @@ failure the error carries the last lines of the log and its path; on Ctrl-C
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -104,16 +105,21 @@ def run(
     error: type[ReproError] = ReproError,
     what: str = "",
     on_line: Callable[[str], None] | None = None,
+    stdout: Path | None = None,
 ) -> Usage:
     """Run ``cmd`` to completion, its output appended to ``log``.
 
+    With ``stdout``, the command's standard output is data (a tar, say): it is
+    written to that file instead, and only its standard error goes to the log.
     Raises ``error`` naming ``what`` with the tail of the log when the command
     fails or cannot be started.
     """
+    if stdout is not None and on_line is not None:
+        raise ValueError("run(): stdout= and on_line= exclude each other")
     log.parent.mkdir(parents=True, exist_ok=True)
     label = what or shlex.join(cmd)
-    with log.open("ab") as out:
-        out.write(f"$ {shlex.join(cmd)}\n".encode())
+    with log.open("ab") as out, stdout.open("wb") if stdout else contextlib.nullcontext() as data:
+        out.write(f"$ {shlex.join(cmd)}{f' > {stdout}' if stdout else ''}\n".encode())
         if cwd is not None:
             out.write(f"# in {cwd}\n".encode())
         out.flush()
@@ -123,8 +129,8 @@ def run(
                 env=dict(env),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if on_line else out,
-                stderr=subprocess.STDOUT,
+                stdout=data if data is not None else subprocess.PIPE if on_line else out,
+                stderr=out if data is not None else subprocess.STDOUT,
                 start_new_session=True,
             )
         except OSError as exc:

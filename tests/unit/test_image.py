@@ -1,4 +1,6 @@
-"""The image stage's pure parts: references, the [image]/[builder] tables, labels and key, failing steps."""
+"""The image stage's pure parts: references, the [image]/[builder] tables, labels and key, failing steps.
+
+The layer, config and docker-archive writers are tested in test_layer.py."""
 
 from __future__ import annotations
 
@@ -9,9 +11,8 @@ from typing import Any
 import pytest
 
 from tasks.builder import BUILD_ENV, Builder, build_env, run_arguments
-from tasks.docker import failing_step
 from tasks.errors import LockError, ReproError
-from tasks.image import BasePin, Wheelhouse, image_labels, key_document, wheelhouse_problems
+from tasks.image import BasePin, Wheelhouse, failed_install_step, image_labels, key_document, wheelhouse_problems
 from tasks.imageref import label_key, parse_reference
 from tasks.keys import action_key, canonical_json
 from tasks.keys import key_document as action_key_document
@@ -261,55 +262,21 @@ def test_wheelhouse_problems_name_each_mismatch(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- failing steps
 
-# Trimmed from real runs of docker 20.10 on a wheelhouse whose requirements.txt was altered.
-LEGACY_OUTPUT = """\
-Step 7/12 : COPY wheels/ /tmp/reprostack/wheels/
- ---> 9d8941758bcc
-Step 8/12 : RUN sh /tmp/reprostack/install-wheels.sh "$PYTHON" "$PREFIX" /tmp/reprostack/wheels
- ---> Running in 3a19263770f0
+# Trimmed from a real run of the install container on a wheelhouse whose requirements.txt was altered.
+INSTALL_OUTPUT = """\
+$ /usr/bin/docker start --attach reprostack-install-49ba17d68efd-20630
 reprostack: step check the base's python (python3)
 python 3.11.2 /usr/bin/python3
 reprostack: step create the venv /opt/reprostack
 reprostack: step pip install --no-index --require-hashes -r requirements.txt
-\x1b[91mERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.
-\x1b[0mThe command '/bin/sh -c sh /tmp/reprostack/install-wheels.sh' returned a non-zero code: 1
-"""
-BUILDKIT_OUTPUT = """\
-#7 [install 3/4] COPY wheels/ /tmp/reprostack/wheels/
-#7 DONE 0.0s
-
-#8 [install 4/4] RUN sh /tmp/reprostack/install-wheels.sh "python3" "/opt/reprostack" /tmp/reprostack/wheels
-#8 sha256:f0b30c750808b5e6a213c2323a8da2a71fa62aeb1e2b0bef7992d464ec31f196
-#8 0.081 reprostack: step check the base's python (python3)
-#8 0.102 reprostack: step create the venv /opt/reprostack
-#8 2.861 reprostack: step pip install --no-index --require-hashes -r requirements.txt
-#8 3.136 ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.
-#8 ERROR: executor failed running [/bin/sh -c sh /tmp/reprostack/install-wheels.sh]: exit code: 1
-------
- > [install 4/4] RUN sh /tmp/reprostack/install-wheels.sh "python3" "/opt/reprostack" /tmp/reprostack/wheels:
-------
+Looking in links: /reprostack/wheels
+ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.
 """
 
 
-def test_failing_step_of_the_legacy_builder() -> None:
-    assert failing_step(LEGACY_OUTPUT) == (
-        'Dockerfile step 8/12 (RUN sh /tmp/reprostack/install-wheels.sh "$PYTHON" "$PREFIX" /tmp/reprostack/wheels), '
-        "install step 'pip install --no-index --require-hashes -r requirements.txt'"
-    )
-
-
-def test_failing_step_of_buildkit() -> None:
-    assert failing_step(BUILDKIT_OUTPUT) == (
-        'Dockerfile step [install 4/4] (RUN sh /tmp/reprostack/install-wheels.sh "python3" "/opt/reprostack" '
-        "/tmp/reprostack/wheels), install step 'pip install --no-index --require-hashes -r requirements.txt'"
-    )
-
-
-def test_failing_step_before_our_script() -> None:
-    assert failing_step("Step 1/12 : ARG BASE\nStep 2/12 : FROM ${BASE} AS install\npull access denied\n") == (
-        "Dockerfile step 2/12 (FROM ${BASE} AS install)"
-    )
-    assert failing_step("unrelated output\n") == ""
+def test_the_failing_install_step_is_the_last_one_started() -> None:
+    assert failed_install_step(INSTALL_OUTPUT) == "pip install --no-index --require-hashes -r requirements.txt"
+    assert failed_install_step("Error response from daemon: No such image\n") == ""
 
 
 # --------------------------------------------------------------------------- builder containers
