@@ -7,7 +7,9 @@ probed on first use, never while doit merely lists tasks.
 from __future__ import annotations
 
 import os
+import sys
 import threading
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -137,7 +139,8 @@ class Context:
         """The run's one job budget, sized on first use for the packages this run must build."""
         with self._lock:
             if self._jobserver is None:
-                building = [p for p in self.packages if not self._cached(p)]
+                named = requested_builds(sys.argv[1:], {p.name for p in self.packages})
+                building = [p for p in self.packages if not self._cached(p) and (named is None or p.name in named)]
                 mem = self.settings.mem_gb
                 source = "budget (mem=)"
                 if mem is None:
@@ -217,3 +220,53 @@ def available_memory_gb() -> float | None:
     except OSError:
         return None
     return None
+
+
+#: doit's options that take their value as the next argument.
+_DOIT_VALUE_OPTIONS = frozenset(
+    {
+        "-f",
+        "--file",
+        "-d",
+        "--dir",
+        "-n",
+        "--process",
+        "-P",
+        "--parallel-type",
+        "--db-file",
+        "--dep-file",
+        "--backend",
+        "--check_file_uptodate",
+        "-v",
+        "--verbosity",
+        "-r",
+        "--reporter",
+        "-o",
+        "--output-file",
+    }
+)
+
+
+def requested_builds(argv: Sequence[str], names: Collection[str]) -> set[str] | None:
+    """The packages of ``build:<package>`` targets when those are all doit's command line asks for; else None.
+
+    The job budget is sized for the heaviest package still to build; ``doit
+    build:grouped_gemm`` should not wait on FA3's 12 GB per job. Anything
+    else on the line (another task, an option's value) means: all packages.
+    """
+    named: set[str] = set()
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _DOIT_VALUE_OPTIONS:
+            skip = True
+            continue
+        if "=" in arg or arg.startswith("-") or arg == "run":
+            continue
+        group, _, name = arg.partition(":")
+        if group != "build" or name not in names:
+            return None
+        named.add(name)
+    return named or None

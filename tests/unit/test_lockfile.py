@@ -269,3 +269,18 @@ def test_hermetic_toolchain_problems_are_all_reported() -> None:
     assert "has unknown option '--hashes' (perhaps you meant '--hash'?)" in msg
     assert "pins nvidia-cuda-cccl a second time" in msg
     assert "'not a requirement' is not valid" in msg
+
+
+def test_budget_counts_only_the_packages_named_by_build_targets() -> None:
+    from tasks.context import requested_builds
+
+    names = {"grouped_gemm", "flash_attn_3"}
+    assert requested_builds(["build:grouped_gemm", "lock=x.lock", "mirror=/m"], names) == {"grouped_gemm"}
+    assert requested_builds(["-n", "2", "-f", "dodo.py", "build:grouped_gemm", "build:flash_attn_3"], names) == names
+    assert requested_builds(["run", "--verbosity", "2", "build:grouped_gemm"], names) == {"grouped_gemm"}
+    # Anything else asks for everything: another task, the whole build group, an unknown package, nothing.
+    assert requested_builds(["wheels", "build:grouped_gemm"], names) is None
+    assert requested_builds(["build"], names) is None
+    assert requested_builds(["build:apex"], names) is None
+    assert requested_builds(["lock=x.lock"], names) is None
+    assert requested_builds([], names) is None
