@@ -21,6 +21,10 @@ build to a loopback HTTP cache (scripts/cache_server.py) and times a fresh
 workspace restoring from it; ``--edit PKG:FILE`` times the rebuild after a
 patch adds one line of code to one source file, then rebuilds the unedited
 package from the object cache and compares its wheel with the cold one.
+``--shards N`` builds the lock again in N shards (``shard=i/N``), one after
+another, each in an empty workspace on one fresh loopback cache, then
+assembles the wheelhouse in another empty workspace: the makespan of N
+machines is the slowest shard plus the assembly.
 """
 
 from __future__ import annotations
@@ -220,6 +224,77 @@ def critical_paths(trace: dict[str, Any]) -> dict[str, float]:
     return paths
 
 
+def shard_figures(
+    args: argparse.Namespace,
+    work: Path,
+    env: dict[str, str],
+    log: Path,
+    names: list[str],
+    result: dict[str, Any],
+    cold_wheels: dict[str, Any],
+) -> None:
+    """N shards, one after another, each in an empty workspace (as on its own machine), then the assembly.
+
+    Each shard runs `doit wheels shard=i/N remote=URL remote_write=on` with
+    empty wheel and object caches against a fresh loopback cache; then an
+    empty workspace runs `doit wheels remote=URL`, which must compile
+    nothing. The makespan of N machines doing this at once is the slowest
+    shard plus the assembly; the single-machine figure beside it is this
+    run's cold build.
+    """
+    sys.path.insert(0, str(REPO / "scripts"))
+    from cache_server import CacheServer
+
+    n = args.shards
+    server = CacheServer(work / "shard-remote").start()
+    try:
+        url = [f"remote={server.url}"]
+        shards = []
+        for i in range(1, n + 1):
+            ws = work / f"shard-{i}-of-{n}"
+            ws.mkdir(exist_ok=True)
+            cmd = doit_cmd(args, ws, "wheels") + url + ["remote_write=on", f"shard={i}/{n}"]
+            wall, cpu, mem = timed(cmd, cwd=work, env=env, log=log)
+            built = [p for p in names if (ws / "build" / "logs" / f"build-{p}.log").exists()]
+            shards.append(
+                {
+                    "shard": f"{i}/{n}",
+                    "wall_s": round(wall, 1),
+                    "cpu_s": round(cpu, 1),
+                    "peak_mem_gb": round(mem, 1),
+                    "built": built,
+                }
+            )
+            print(f"shard {i}/{n}: {wall:.1f} s wall, {cpu:.0f} s CPU, peak {mem:.1f} GB; built {built}", flush=True)
+        asm = work / f"shard-assemble-{n}"
+        asm.mkdir(exist_ok=True)
+        sent = server.bytes_sent
+        wall, _, _ = timed(doit_cmd(args, asm, "wheels") + url, cwd=work, env=env, log=log)
+        compiled = [p for p in names if (asm / "build" / "logs" / f"build-{p}.log").exists()]
+        manifest = json.loads((asm / "wheels" / "manifest.json").read_text())
+        same = all(cold_wheels[w["package"]]["sha256"] == w["sha256"] for w in manifest["wheels"])
+    finally:
+        server.stop()
+    slowest = max(s["wall_s"] for s in shards)
+    single = result.get("stack", {}).get("cold_wall_s") or result.get("cold_total_s")
+    result["shards"] = {
+        "n": n,
+        "shards": shards,
+        "assemble_s": round(wall, 1),
+        "assemble_bytes": server.bytes_sent - sent,
+        "assemble_compiled": compiled,
+        "identical_to_cold": same,
+        "makespan_s": round(slowest + wall, 1),
+        "single_machine_cold_s": single,
+    }
+    print(
+        f"{n} shards: makespan {slowest + wall:.1f} s (slowest shard {slowest:.1f} s + assembly {wall:.1f} s, "
+        f"{(server.bytes_sent - sent) / 1e6:.1f} MB, compiled: {compiled or 'nothing'}; wheels identical to the "
+        f"cold build: {same}) beside one machine's cold build {single} s",
+        flush=True,
+    )
+
+
 def entry_meta(work: Path, key: str) -> dict[str, Any]:
     d = work / "cache" / "wheels" / key[:2] / key
     return dict(json.loads((d / "entry.json").read_text()))
@@ -243,6 +318,9 @@ def main() -> int:
     ap.add_argument("--remote", action="store_true", help="upload to a loopback cache; time a fresh restore")
     ap.add_argument("--edit", metavar="PKG:FILE", help="rebuild PKG after a patch adds one line of code to FILE")
     ap.add_argument("--example", action="store_true", help="benchmark examples/example.lock on a loopback server")
+    ap.add_argument(
+        "--shards", type=int, metavar="N", help="also build in N shards one after another on one loopback cache"
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     began = time.monotonic()
@@ -394,6 +472,10 @@ def main() -> int:
             f"compiled: {built or 'nothing'}",
             flush=True,
         )
+        save()
+
+    if args.shards:
+        shard_figures(args, work, env, log, names, result, cold_wheels)
         save()
 
     if args.edit:
