@@ -453,9 +453,11 @@ def task_wheels() -> TaskDict:
     """Assemble wheels/: the lock's wheels, manifest.json, simple/ index, requirements.txt (shard=i/N: a share)."""
     ctx = context()
     if ctx.settings.shard is not None:
+        from tasks.ninjaorder import HINTS_FILE, load_times
         from tasks.remote import shard_packages
 
-        names = shard_packages([p.name for p in ctx.packages], ctx.settings.shard)
+        weights = {p.name: sum(load_times(ctx.lock.patches_dir / p.name / HINTS_FILE).values()) for p in ctx.packages}
+        names = shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights)
         return {
             "actions": [(_do_shard, [names])],
             "task_dep": [f"build:{n}" for n in names],

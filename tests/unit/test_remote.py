@@ -198,3 +198,16 @@ def test_broken_s3_client_settings_are_a_warning_not_a_failure(
     assert Remote("s3://wheels", write=False, timeout=1).restore(Cache(tmp_path / "cache"), "p", KEY) is None
     err = capsys.readouterr().err
     assert "WARNING: remote cache s3://wheels unavailable" in err, err
+
+
+def test_shards_balance_by_weight_heaviest_first() -> None:
+    names = ["apex", "flash_attn", "flash_attn_3", "grouped_gemm", "mbridge", "transformer_engine"]
+    weights = {"flash_attn": 26000.0, "transformer_engine": 2800.0, "apex": 1800.0, "grouped_gemm": 350.0}
+    shards = [shard_packages(names, (i, 2), weights) for i in (1, 2)]
+    # FA2 outweighs everything else together: it gets a machine of its own.
+    assert shards == [["flash_attn"], ["apex", "flash_attn_3", "grouped_gemm", "mbridge", "transformer_engine"]]
+    three = [shard_packages(names, (i, 3), weights) for i in (1, 2, 3)]
+    assert three == [["flash_attn"], ["transformer_engine"], ["apex", "flash_attn_3", "grouped_gemm", "mbridge"]]
+    assert sorted(n for s in three for n in s) == sorted(names)
+    # Unweighted packages spread by count, so no shard is left empty while another has two.
+    assert shard_packages(names, (1, 2), {}) == shard_packages(names, (1, 2))
