@@ -129,7 +129,7 @@ def compile_wheel(
     place = reproducible.placement(pkg.name, stage_dir)
     cmd = wheel_command(pkg, str(raw), place.path(build_dir))
     server = ctx.jobserver()
-    env = server.env(reproducible.apply(build_env(ctx, pkg, jobs), place))
+    env = server.env(reproducible.apply(build_env(ctx, pkg, jobs), place, nvcc_seed=ctx.nvcc_seed))
     if server.clients:
         hints = ctx.lock.patches_dir / pkg.name / ninjaorder.HINTS_FILE
         times = ninjaorder.known_times(ctx.cache.root, hints, pkg.name)

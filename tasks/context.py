@@ -51,6 +51,11 @@ class Context:
     def packages(self) -> tuple[Package, ...]:
         return self.lock.resolve(self.settings.profile)
 
+    @cached_property
+    def nvcc_seed(self) -> bool:
+        """Whether builds get nvcc's ``-frandom-seed`` (tasks/reproducible.py): the toolchain's nvcc has it."""
+        return reproducible.nvcc_takes_seed(str(self.toolchain["tools"].get("nvcc_path", "")))
+
     def package(self, name: str) -> Package:
         for pkg in self.packages:
             if pkg.name == name:
@@ -113,7 +118,7 @@ class Context:
                 toolchain=toolchain.fingerprint(info, extras=pkg.toolchain_extras, cuda=pkg.cuda),
                 archs=self.lock.toolchain.archs,
                 build_requires=requires,
-                reproducible=reproducible.key_section(reproducible.method()),
+                reproducible=reproducible.key_section(reproducible.method(), nvcc_seed=self.nvcc_seed),
                 builder=self.builder.pin if self.builder is not None else None,
                 hermetic=hermetic.key_section(self.lock.toolchain.hermetic) if self.lock.toolchain.hermetic else None,
             )

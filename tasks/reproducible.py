@@ -28,6 +28,13 @@ host code only (device line info then keeps the real path, which
 - ``-ffile-prefix-map`` for the build's Python environment (a checkout's
   ``.venv``, whose include directory torch extensions compile against), in
   ``CFLAGS``, ``CXXFLAGS`` and nvcc's host compiler.
+- ``-frandom-seed=reprostack`` in ``NVCC_APPEND_FLAGS``, where the build's
+  nvcc has that option (CUDA 13's does). nvcc names internal-linkage entities
+  ``_INTERNAL_<hash>_<length>_<file>_<module id>``; in a translation unit
+  with no plain external function to take the module id from, cudafe++ makes
+  one from the process id. FA3's kernels, which include CCCL's ``cuda::std``,
+  then differ in PTX, SASS and symbol tables at every compile. A fixed seed is
+  enough: the name also carries the file's name and a hash of its path.
 
 **Environment**: ``PYTHONHASHSEED=0`` (set iteration order in build scripts,
 which can reorder sources or flags), ``TZ=UTC``; ``SOURCE_DATE_EPOCH`` is set
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +65,8 @@ CANONICAL_ROOT = PurePosixPath("/tmp/reprostack-build")
 CANONICAL_VENV = "/reprostack/venv"
 
 FIXED_ENV = {"PYTHONHASHSEED": "0", "TZ": "UTC"}
+#: nvcc's ``-frandom-seed``: replaces the process id in generated names (see above).
+NVCC_SEED = "reprostack"
 LINK_FLAGS = ("--discard-all",)
 FLAG_VARIABLES = ("CFLAGS", "CXXFLAGS", "LDFLAGS", "NVCC_APPEND_FLAGS")
 
@@ -145,30 +155,43 @@ def prefix_maps(
     return sorted(usable, key=lambda m: len(m[0]))
 
 
-def flags(maps: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+@functools.cache
+def nvcc_takes_seed(nvcc: str) -> bool:
+    """Whether the nvcc at this path has ``-frandom-seed`` (from its ``--help``)."""
+    if not nvcc:
+        return False
+    try:
+        res = subprocess.run([nvcc, "--help"], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "-frandom-seed" in res.stdout
+
+
+def flags(maps: Sequence[tuple[str, str]], *, nvcc_seed: bool = False) -> dict[str, list[str]]:
     """Flags appended to each of :data:`FLAG_VARIABLES`."""
     cflags = [f"-ffile-prefix-map={old}={new}" for old, new in maps]
+    seed = [f"-frandom-seed={NVCC_SEED}"] if nvcc_seed else []
     return {
         "CFLAGS": cflags,
         "CXXFLAGS": cflags,
         # -Xlinker, not -Wl,: nvcc understands it too, where CMake or a script links with nvcc.
         "LDFLAGS": [arg for f in LINK_FLAGS for arg in ("-Xlinker", f)],
-        "NVCC_APPEND_FLAGS": [f"-Xcompiler={f}" for f in cflags] + [f"-Xlinker={f}" for f in LINK_FLAGS],
+        "NVCC_APPEND_FLAGS": [f"-Xcompiler={f}" for f in cflags] + [f"-Xlinker={f}" for f in LINK_FLAGS] + seed,
     }
 
 
-def apply(env: Mapping[str, str], place: Placement) -> dict[str, str]:
+def apply(env: Mapping[str, str], place: Placement, *, nvcc_seed: bool = False) -> dict[str, str]:
     """``env`` with the reproducibility environment and flags added (after the recipe's own flags)."""
     out = dict(env)
     out.update(FIXED_ENV)
-    for name, extra in flags(prefix_maps(place)).items():
+    for name, extra in flags(prefix_maps(place), nvcc_seed=nvcc_seed).items():
         value = " ".join([env.get(name, ""), *extra]).strip()
         if value:
             out[name] = value
     return out
 
 
-def key_section(build_method: Method) -> dict[str, Any]:
+def key_section(build_method: Method, *, nvcc_seed: bool = False) -> dict[str, Any]:
     """What this module does to a build, without machine-specific paths: part of the action key."""
     symbolic = [("<python environment>", CANONICAL_VENV)]
     if build_method == "prefix-map":
@@ -177,5 +200,5 @@ def key_section(build_method: Method) -> dict[str, Any]:
         "format": REPRO_FORMAT,
         "build_path": {"root": str(CANONICAL_ROOT), "method": build_method},
         "env": dict(FIXED_ENV),
-        "flags": flags(symbolic),
+        "flags": flags(symbolic, nvcc_seed=nvcc_seed),
     }

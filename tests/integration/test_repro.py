@@ -189,3 +189,35 @@ def test_nvcc_objects_differ_without_the_reproducibility_settings(tmp_path: Path
     assert b"tmpxft_" in outputs["one", "plain"] and b"tmpxft_" not in outputs["one", "reproducible"]
     assert str(tmp_path).encode() in outputs["one", "plain"]
     assert str(tmp_path).encode() not in outputs["one", "reproducible"]
+
+
+# A translation unit with no plain external function: cudafe++ builds the module id of its
+# internal-linkage names (CCCL's cuda::std objects, an anonymous namespace) from the process id.
+INTERNAL_NAMES_CU = """#include <cuda/std/utility>
+namespace { __device__ int hidden_counter; }
+template <int N> __global__ void kernel(int* out) {
+  auto p = cuda::std::make_pair(N, 2);
+  out[0] = p.first + hidden_counter;
+}
+template __global__ void kernel<3>(int*);
+"""
+
+
+def test_nvcc_internal_names_do_not_depend_on_the_process(tmp_path: Path) -> None:
+    assert NVCC, "nvcc is needed (the CUDA fixture needs it too)"
+    assert reproducible.nvcc_takes_seed(NVCC), f"{NVCC} has no -frandom-seed"
+    src = tmp_path / "internal.cu"
+    src.write_text(INTERNAL_NAMES_CU)
+
+    def build(name: str, *, seed: bool) -> bytes:
+        flags = reproducible.flags([], nvcc_seed=seed)["NVCC_APPEND_FLAGS"]
+        env = {**os.environ, "NVCC_APPEND_FLAGS": " ".join(flags)}
+        out = tmp_path / name
+        cmd = [NVCC, "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", str(src), "-o", str(out)]
+        subprocess.run(cmd, env=env, cwd=tmp_path, check=True, capture_output=True)
+        return out.read_bytes()
+
+    # Without the seed, two compiles in two processes differ (the module id carries the process id) ...
+    assert build("plain1.so", seed=False) != build("plain2.so", seed=False)
+    # ... with the flags every build gets, they are identical.
+    assert build("seeded1.so", seed=True) == build("seeded2.so", seed=True)
