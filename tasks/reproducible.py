@@ -57,7 +57,7 @@ from tasks.cache import warn
 from tasks.errors import BuildError
 
 #: Bump when anything below changes what a build produces.
-REPRO_FORMAT = 1
+REPRO_FORMAT = 2
 
 #: Parent of every package's canonical build directory.
 CANONICAL_ROOT = PurePosixPath("/tmp/reprostack-build")

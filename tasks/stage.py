@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tasks import proc
 from tasks.cache import rmtree
 from tasks.errors import PatchError
 from tasks.lockfile import Package
+from tasks.wheelnorm import DEFAULT_EPOCH
 
 _FAILED_AT = re.compile(r"patch failed: (?P<path>.+):(?P<line>\d+)")
 
@@ -73,6 +75,21 @@ def apply_patches(root: Path, patches: list[tuple[str, Path]], log: Path) -> Non
             ) from None
 
 
+def settle_patched_mtimes(root: Path, *, since: float) -> None:
+    """Give the files the patches wrote (modified at ``since`` or later) the fixed epoch as their mtime.
+
+    nvcc records each source file's mtime in the line tables of ``-lineinfo``
+    device code, so a patched header otherwise puts the time of staging into
+    the wheel (FA3's patched ``sm90_pipeline_no_cluster.hpp`` did). Unpatched
+    files keep the cached tree's mtimes, which are fixed already.
+    """
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path) and os.stat(path).st_mtime >= since - 1:
+                os.utime(path, (DEFAULT_EPOCH, DEFAULT_EPOCH))
+
+
 def stage_package(
     pkg: Package,
     *,
@@ -103,7 +120,9 @@ def stage_package(
                 p = os.path.join(dirpath, f)
                 if not os.path.islink(p):
                     os.chmod(p, 0o755 if os.stat(p).st_mode & 0o100 else 0o644)
+        started = time.time()
         apply_patches(dest, patches, log)
+        settle_patched_mtimes(dest, since=started)
     except BaseException:
         rmtree(dest)
         raise
