@@ -28,25 +28,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_image import run  # noqa: E402  (one way to run and log a command for both image benchmarks)
+
 PROFILE = "quick"
 NAME = "reprostack-bench-repro"
-
-
-def run(cmd: list[str], *, env: dict[str, str], log: Path) -> tuple[float, str]:
-    """Run cmd with its output appended to log; (wall seconds, stdout); exit on failure."""
-    start = time.monotonic()
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-    wall = time.monotonic() - start
-    with log.open("a") as fh:
-        fh.write(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}\n")
-    if res.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({res.returncode}); see {log}\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
-    return wall, res.stdout
 
 
 def docker(*args: str) -> str:
