@@ -131,18 +131,8 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         if not jobs_raw.isdigit() or int(jobs_raw) < 1:
             raise ReproError(f"jobs={jobs_raw!r}: give a positive whole number of compiler jobs")
         jobs = int(jobs_raw)
-    mem_raw = _get("mem", doit_vars)
-    mem_gb: float | None = None
-    if mem_raw:
-        try:
-            mem_gb = float(mem_raw)
-        except ValueError:
-            mem_gb = -1.0
-        if not mem_gb > 0:
-            raise ReproError(f"mem={mem_raw!r}: give the memory budget in GB as a positive number, e.g. mem=96")
-    objcache = _get("objcache", doit_vars)
-    if objcache not in ("on", "off"):
-        raise ReproError(f"objcache={objcache!r}: use 'on' or 'off'")
+    mem_gb = _positive("mem", doit_vars, "give the memory budget in GB as a positive number, e.g. mem=96")
+    objcache = _switch("objcache", doit_vars)
     objcache_size = _get("objcache_size", doit_vars)
     if not valid_size(objcache_size):
         raise ReproError(f"objcache_size={objcache_size!r}: give a size such as 20G or 500M")
@@ -167,12 +157,6 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         )
     export = _get("export", doit_vars)
     bundle = _get("bundle", doit_vars)
-    switches = {}
-    for name in ("bundle_image", "bundle_mirror"):
-        value = _get(name, doit_vars)
-        if value not in ("on", "off"):
-            raise ReproError(f"{name}={value!r}: use 'on' or 'off'")
-        switches[name] = value == "on"
     remote, remote_write, remote_timeout = _remote(doit_vars)
     return Settings(
         lock=Path(_get("lock", doit_vars)),
@@ -181,7 +165,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         cache=Path(cache).absolute() if cache else _default_cache(),
         jobs=jobs,
         mem_gb=mem_gb,
-        objcache=objcache == "on",
+        objcache=objcache,
         objcache_size=objcache_size,
         wheels=Path(_get("wheels", doit_vars)),
         builddir=Path(_get("builddir", doit_vars)),
@@ -193,7 +177,8 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         export=Path(export) if export else None,
         bundle=Path(bundle) if bundle else None,
         dest=Path(_get("dest", doit_vars) or "unbundled"),
-        **switches,
+        bundle_image=_switch("bundle_image", doit_vars),
+        bundle_mirror=_switch("bundle_mirror", doit_vars),
         remote=remote,
         remote_write=remote_write,
         remote_timeout=remote_timeout,
@@ -207,19 +192,35 @@ def _remote(doit_vars: dict[str, str]) -> tuple[str, bool, float]:
     if problem is not None:
         raise ReproError(f"remote={raw_remote!r}: {problem}")
     remote = raw_remote.rstrip("/")
-    write = _get("remote_write", doit_vars)
-    if write not in ("on", "off"):
-        raise ReproError(f"remote_write={write!r}: use 'on' (upload built wheels) or 'off' (read only)")
-    if write == "on" and not remote:
+    write = _switch("remote_write", doit_vars, "use 'on' (upload built wheels) or 'off' (read only)")
+    if write and not remote:
         raise ReproError("remote_write=on needs remote=URL (or REPRO_REMOTE)")
-    raw = _get("remote_timeout", doit_vars)
+    timeout = _positive("remote_timeout", doit_vars, "give seconds per request as a positive number, e.g. 10")
+    if timeout is None:
+        raise ReproError("remote_timeout='': give seconds per request as a positive number, e.g. 10")
+    return remote, write, timeout
+
+
+def _switch(name: str, doit_vars: dict[str, str], use: str = "use 'on' or 'off'") -> bool:
+    """An on/off variable."""
+    value = _get(name, doit_vars)
+    if value not in ("on", "off"):
+        raise ReproError(f"{name}={value!r}: {use}")
+    return value == "on"
+
+
+def _positive(name: str, doit_vars: dict[str, str], give: str) -> float | None:
+    """A positive number, or None where the variable is empty."""
+    raw = _get(name, doit_vars)
+    if not raw:
+        return None
     try:
-        timeout = float(raw)
+        value = float(raw)
     except ValueError:
-        timeout = -1.0
-    if not timeout > 0:
-        raise ReproError(f"remote_timeout={raw!r}: give seconds per request as a positive number, e.g. 10")
-    return remote, write == "on", timeout
+        value = -1.0
+    if not value > 0:
+        raise ReproError(f"{name}={raw!r}: {give}")
+    return value
 
 
 def parse_shard(raw: str) -> tuple[int, int] | None:
