@@ -54,7 +54,7 @@ class Context:
     @cached_property
     def nvcc_seed(self) -> bool:
         """Whether builds get nvcc's ``-frandom-seed`` (tasks/reproducible.py): the toolchain's nvcc has it."""
-        return reproducible.nvcc_takes_seed(str(self.toolchain["tools"].get("nvcc_path", "")))
+        return bool(self.toolchain["tools"].get("nvcc_random_seed"))
 
     def package(self, name: str) -> Package:
         for pkg in self.packages:

@@ -29,7 +29,8 @@ host code only (device line info then keeps the real path, which
   ``.venv``, whose include directory torch extensions compile against), in
   ``CFLAGS``, ``CXXFLAGS`` and nvcc's host compiler.
 - ``-frandom-seed=reprostack`` in ``NVCC_APPEND_FLAGS``, where the build's
-  nvcc has that option (CUDA 13's does). nvcc names internal-linkage entities
+  nvcc has that option (CUDA 13's does; the toolchain probe records it).
+  nvcc names internal-linkage entities
   ``_INTERNAL_<hash>_<length>_<file>_<module id>``; in a translation unit
   with no plain external function to take the module id from, cudafe++ makes
   one from the process id. FA3's kernels, which include CCCL's ``cuda::std``,
@@ -45,7 +46,6 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -153,18 +153,6 @@ def prefix_maps(
         maps.append((str(place.stage), str(place.seen)))
     usable = [(old, new) for old, new in maps if not any(c.isspace() or c == "," for c in old)]
     return sorted(usable, key=lambda m: len(m[0]))
-
-
-@functools.cache
-def nvcc_takes_seed(nvcc: str) -> bool:
-    """Whether the nvcc at this path has ``-frandom-seed`` (from its ``--help``)."""
-    if not nvcc:
-        return False
-    try:
-        res = subprocess.run([nvcc, "--help"], capture_output=True, text=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "-frandom-seed" in res.stdout
 
 
 def flags(maps: Sequence[tuple[str, str]], *, nvcc_seed: bool = False) -> dict[str, list[str]]:

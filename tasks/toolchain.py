@@ -29,7 +29,7 @@ from tasks.cache import Cache, write_atomic
 from tasks.errors import ToolchainError
 from tasks.lockfile import Toolchain
 
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 TOOLS = ("nvcc", "cc", "c++", "gcc", "g++", "cmake", "ninja", "cuobjdump")
 COMPILER_ENV = {"cc": "CC", "c++": "CXX"}
 STEERING_ENV = (
@@ -84,6 +84,15 @@ def _site_dirs() -> list[str]:
     paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     paths.update(p for p in sys.path if p.endswith("site-packages"))
     return sorted(paths)
+
+
+def nvcc_takes_seed(nvcc: str) -> bool:
+    """Whether this nvcc has ``-frandom-seed`` (tasks/reproducible.py uses it), from its ``--help``."""
+    try:
+        res = subprocess.run([nvcc, "--help"], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "-frandom-seed" in res.stdout
 
 
 def stamp(env: Mapping[str, str]) -> str:
@@ -156,6 +165,7 @@ def probe(env: Mapping[str, str]) -> dict[str, Any]:
     tools: dict[str, Any] = {
         "nvcc": _first_line([nvcc, "--version"], r"release") if nvcc else "",
         "nvcc_path": nvcc or "",
+        "nvcc_random_seed": nvcc_takes_seed(nvcc) if nvcc else False,
         "cc": _first_line([_which("cc", env) or "cc", "--version"]),
         "cxx": _first_line([_which("c++", env) or "c++", "--version"]),
         "cmake": _first_line(["cmake", "--version"]) if _which("cmake", env) else "",

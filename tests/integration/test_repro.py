@@ -19,6 +19,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 
 from tasks import proc, provenance, reproducible
 from tasks.lockfile import load_lock
+from tasks.toolchain import nvcc_takes_seed
 from tasks.treehash import file_sha256
 
 pytestmark = pytest.mark.integration
@@ -205,7 +206,7 @@ template __global__ void kernel<3>(int*);
 
 def test_nvcc_internal_names_do_not_depend_on_the_process(tmp_path: Path) -> None:
     assert NVCC, "nvcc is needed (the CUDA fixture needs it too)"
-    assert reproducible.nvcc_takes_seed(NVCC), f"{NVCC} has no -frandom-seed"
+    assert nvcc_takes_seed(NVCC), f"{NVCC} has no -frandom-seed"
     src = tmp_path / "internal.cu"
     src.write_text(INTERNAL_NAMES_CU)
 
