@@ -22,9 +22,11 @@ workspace restoring from it; ``--edit PKG:FILE`` times the rebuild after a
 patch adds one line of code to one source file, then rebuilds the unedited
 package from the object cache and compares its wheel with the cold one.
 ``--shards N`` builds the lock again in N shards (``shard=i/N``), one after
-another, each in an empty workspace on one fresh loopback cache, then
-assembles the wheelhouse in another empty workspace: the makespan of N
-machines is the slowest shard plus the assembly.
+another (``--shards-at-once``: all at once on this host), each in an empty
+workspace on one fresh loopback cache, then assembles the wheelhouse in
+another empty workspace: the makespan of N machines is the slowest shard
+plus the assembly, and the assembled wheels, built a second time in other
+directories, are compared byte for byte with the cold build's.
 """
 
 from __future__ import annotations
@@ -233,14 +235,20 @@ def shard_figures(
     result: dict[str, Any],
     cold_wheels: dict[str, Any],
 ) -> None:
-    """N shards, one after another, each in an empty workspace (as on its own machine), then the assembly.
+    """N shards, each in an empty workspace (as on its own machine), then the assembly.
 
     Each shard runs `doit wheels shard=i/N remote=URL remote_write=on` with
     empty wheel and object caches against a fresh loopback cache; then an
     empty workspace runs `doit wheels remote=URL`, which must compile
     nothing. The makespan of N machines doing this at once is the slowest
     shard plus the assembly; the single-machine figure beside it is this
-    run's cold build.
+    run's cold build. The shards run one after another, or with
+    ``--shards-at-once`` all at the same time on this host, where each shard's
+    time is then an upper bound of its time on a machine of its own (they
+    share the cores; memory peaks are host-wide). Every assembled wheel is
+    compared with the cold build's, made in another directory at another
+    time: the per-package count of identical wheels, and for each that
+    differs, what differs (tasks.wheeldiff).
     """
     sys.path.insert(0, str(REPO / "scripts"))
     from cache_server import CacheServer
@@ -249,12 +257,17 @@ def shard_figures(
     server = CacheServer(work / "shard-remote").start()
     try:
         url = [f"remote={server.url}"]
-        shards = []
-        for i in range(1, n + 1):
-            ws = work / f"shard-{i}-of-{n}"
+        spaces = [work / f"shard-{i}-of-{n}" for i in range(1, n + 1)]
+        cmds = []
+        for i, ws in enumerate(spaces, 1):
             ws.mkdir(exist_ok=True)
-            cmd = doit_cmd(args, ws, "wheels") + url + ["remote_write=on", f"shard={i}/{n}"]
-            wall, cpu, mem = timed(cmd, cwd=work, env=env, log=log)
+            cmds.append(doit_cmd(args, ws, "wheels") + url + ["remote_write=on", f"shard={i}/{n}"])
+        if args.shards_at_once:
+            figures = timed_together(cmds, cwd=work, env=env, logs=[ws / "shard.log" for ws in spaces])
+        else:
+            figures = [timed(cmd, cwd=work, env=env, log=log) for cmd in cmds]
+        shards: list[dict[str, Any]] = []
+        for i, (ws, (wall, cpu, mem)) in enumerate(zip(spaces, figures, strict=True), 1):
             built = [p for p in names if (ws / "build" / "logs" / f"build-{p}.log").exists()]
             shards.append(
                 {
@@ -273,6 +286,7 @@ def shard_figures(
         compiled = [p for p in names if (asm / "build" / "logs" / f"build-{p}.log").exists()]
         manifest = json.loads((asm / "wheels" / "manifest.json").read_text())
         same = all(cold_wheels[w["package"]]["sha256"] == w["sha256"] for w in manifest["wheels"])
+        identical, differing = compare_with_cold(work, asm, manifest, cold_wheels)
     finally:
         server.stop()
     slowest = max(s["wall_s"] for s in shards)
@@ -284,15 +298,76 @@ def shard_figures(
         "assemble_bytes": server.bytes_sent - sent,
         "assemble_compiled": compiled,
         "identical_to_cold": same,
+        "identical": identical,
+        "differing": differing,
+        "at_once": bool(args.shards_at_once),
         "makespan_s": round(slowest + wall, 1),
         "single_machine_cold_s": single,
     }
     print(
         f"{n} shards: makespan {slowest + wall:.1f} s (slowest shard {slowest:.1f} s + assembly {wall:.1f} s, "
         f"{(server.bytes_sent - sent) / 1e6:.1f} MB, compiled: {compiled or 'nothing'}; wheels identical to the "
-        f"cold build: {same}) beside one machine's cold build {single} s",
+        f"cold build: {same}) beside one machine's cold build {single} s"
+        + (" (shards run at the same time on this host: each an upper bound)" if args.shards_at_once else ""),
         flush=True,
     )
+    print(
+        f"built twice (cold build, then the shards in other directories): {len(identical)} of "
+        f"{len(identical) + len(differing)} wheels identical",
+        flush=True,
+    )
+    for name, text in differing.items():
+        print(f"{name} differs:\n{text}", flush=True)
+
+
+def timed_together(
+    cmds: list[list[str]], *, cwd: Path, env: dict[str, str], logs: list[Path]
+) -> list[tuple[float, float, float]]:
+    """Start every command at once; per command (wall s, CPU s of its tree, host-wide peak GB above the start)."""
+    with MemorySampler() as mem:
+        start = time.monotonic()
+        procs = []
+        for cmd, path in zip(cmds, logs, strict=True):
+            with path.open("ab") as out:
+                procs.append(
+                    subprocess.Popen(
+                        cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                    )
+                )
+        done: dict[int, tuple[float, float, float]] = {}
+        while len(done) < len(procs):
+            for i, proc in enumerate(procs):
+                if i in done:
+                    continue
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    code = os.waitstatus_to_exitcode(status)
+                    if code != 0:
+                        for other in procs:
+                            if other.poll() is None:
+                                other.kill()
+                        sys.exit(f"{' '.join(cmds[i])} failed ({code}); see {logs[i]}")
+                    done[i] = (time.monotonic() - start, usage.ru_utime + usage.ru_stime, max(0.0, mem.peak - mem.base))
+            time.sleep(0.2)
+    return [done[i] for i in range(len(procs))]
+
+
+def compare_with_cold(
+    work: Path, other: Path, manifest: dict[str, Any], cold_wheels: dict[str, Any]
+) -> tuple[list[str], dict[str, str]]:
+    """Which of other/wheels are byte-identical to the cold build's, and what differs in the rest."""
+    sys.path.insert(0, str(REPO))
+    from tasks.wheeldiff import compare_wheels
+
+    identical, differing = [], {}
+    for w in manifest["wheels"]:
+        cold = cold_wheels[w["package"]]
+        if cold["sha256"] == w["sha256"]:
+            identical.append(w["package"])
+        else:
+            diff = compare_wheels(work / "wheels" / cold["filename"], other / "wheels" / w["filename"])
+            differing[w["package"]] = diff.render()
+    return identical, differing
 
 
 def entry_meta(work: Path, key: str) -> dict[str, Any]:
@@ -314,12 +389,22 @@ def main() -> int:
     ap.add_argument(
         "--deadline", type=float, help="stop plain builds this many seconds after the start (reported as stopped)"
     )
-    ap.add_argument("--verify", action="store_true", help="run `doit verify` on the wheelhouse (beside the baseline)")
+    ap.add_argument(
+        "--verify", action="store_true", help="run `doit verify` on the wheelhouse (beside the shards and the baseline)"
+    )
     ap.add_argument("--remote", action="store_true", help="upload to a loopback cache; time a fresh restore")
     ap.add_argument("--edit", metavar="PKG:FILE", help="rebuild PKG after a patch adds one line of code to FILE")
     ap.add_argument("--example", action="store_true", help="benchmark examples/example.lock on a loopback server")
     ap.add_argument(
-        "--shards", type=int, metavar="N", help="also build in N shards one after another on one loopback cache"
+        "--shards",
+        type=int,
+        metavar="N",
+        help="also build in N shards (in turn unless --shards-at-once) on one loopback cache",
+    )
+    ap.add_argument(
+        "--shards-at-once",
+        action="store_true",
+        help="run the N shards at the same time on this host (each figure an upper bound) instead of in turn",
     )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -474,10 +559,6 @@ def main() -> int:
         )
         save()
 
-    if args.shards:
-        shard_figures(args, work, env, log, names, result, cold_wheels)
-        save()
-
     if args.edit:
         # One added line of code in one source file of one package: only its units should recompile.
         pkg, rel = args.edit.split(":", 1)
@@ -536,8 +617,11 @@ def main() -> int:
         verifier = subprocess.Popen(
             doit_cmd(args, work, "verify"), cwd=work, env=env, stdout=vout, stderr=subprocess.STDOUT
         )
-        if not args.baseline:
+        if not args.baseline and not args.shards:
             verifier.wait()
+    if args.shards:
+        shard_figures(args, work, env, log, names, result, cold_wheels)
+        save()
     if args.baseline:
         # Plain builds of the same patched trees, one after another, no cache.
         from tasks.build import build_env
