@@ -285,7 +285,7 @@ def shard_figures(
         wall, _, _ = timed(doit_cmd(args, asm, "wheels") + url, cwd=work, env=env, log=log)
         compiled = [p for p in names if (asm / "build" / "logs" / f"build-{p}.log").exists()]
         manifest = json.loads((asm / "wheels" / "manifest.json").read_text())
-        same = all(cold_wheels[w["package"]]["sha256"] == w["sha256"] for w in manifest["wheels"])
+        same = all(cold_wheels.get(w["package"], {}).get("sha256") == w["sha256"] for w in manifest["wheels"])
         identical, differing = compare_with_cold(work, asm, manifest, cold_wheels)
     finally:
         server.stop()
@@ -312,7 +312,8 @@ def shard_figures(
         flush=True,
     )
     print(
-        f"built twice (cold build, then the shards in other directories): {len(identical)} of "
+        f"built twice (the cold build{' of the reference run' if args.reference else ''}, then the shards in "
+        f"other directories): {len(identical)} of "
         f"{len(identical) + len(differing)} wheels identical",
         flush=True,
     )
@@ -361,9 +362,11 @@ def compare_with_cold(
 
     identical, differing = [], {}
     for w in manifest["wheels"]:
-        cold = cold_wheels[w["package"]]
+        cold = cold_wheels.get(w["package"], {"sha256": ""})
         if cold["sha256"] == w["sha256"]:
             identical.append(w["package"])
+        elif "filename" not in cold:
+            differing[w["package"]] = f"sha256 {cold['sha256'][:16]}… -> {w['sha256'][:16]}… (no wheel to compare)"
         else:
             diff = compare_wheels(work / "wheels" / cold["filename"], other / "wheels" / w["filename"])
             differing[w["package"]] = diff.render()
@@ -406,8 +409,16 @@ def main() -> int:
         action="store_true",
         help="run the N shards at the same time on this host (each figure an upper bound) instead of in turn",
     )
+    ap.add_argument(
+        "--reference",
+        type=Path,
+        metavar="BENCH_JSON",
+        help="with --shards: skip the cold build; compare with this earlier run's wheel hashes and cold time",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.reference and not args.shards:
+        ap.error("--reference needs --shards")
     began = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     server = None
@@ -460,6 +471,19 @@ def main() -> int:
     else:
         remote_vars = []
 
+    if args.reference:
+        # Shards only: the cold build is an earlier run's (its bench.json), built in another directory at another
+        # time; only hashes can be compared, as its wheels are not here.
+        ref = json.loads(args.reference.read_text())
+        result["reference"] = {"file": str(args.reference), "host": ref.get("host"), "stack": ref.get("stack")}
+        cold_wheels = {n: {"package": n, "sha256": p["sha256"]} for n, p in ref["packages"].items() if "sha256" in p}
+        result["stack"] = {"cold_wall_s": (ref.get("stack") or {}).get("cold_wall_s")}
+        shard_figures(args, work, env, log, names, result, cold_wheels)
+        save()
+        if server is not None:
+            server.stop()
+        return 0
+
     # Sources first, so the per-package figures are compile time only.
     wall, cpu, _ = timed(doit_cmd(args, work, "fetch"), cwd=work, env=env, log=log)
     result["fetch_s"] = round(wall, 2)
@@ -494,11 +518,15 @@ def main() -> int:
         result["stack"]["critical_package"] = longest
         bound = max(result["stack"]["cpu_lower_bound_s"], critical)
         result["stack"]["ratio_to_bound"] = round(wall / bound, 3) if bound else None
+        cpu_bound = result["stack"]["cpu_lower_bound_s"]
+        result["stack"]["ratio_to_cpu_bound"] = round(wall / cpu_bound, 3) if cpu_bound else None
         print(
             f"cold stack: {wall:.1f} s wall, {cpu:.0f} s CPU, peak {mem:.1f} GB; "
             f"CPU-bound lower bound {result['stack']['cpu_lower_bound_s']} s ({cpu:.0f} CPU s / {ncores} cores); "
             f"longest own critical path {critical} s ({longest}); "
-            f"wall / max(the two) = {result['stack']['ratio_to_bound']}",
+            f"wall / max(the two) = {result['stack']['ratio_to_bound']}; "
+            f"wall / CPU-bound = {result['stack']['ratio_to_cpu_bound']} "
+            "(unit times, and so the critical path, are as measured under this run's load)",
             flush=True,
         )
     else:
