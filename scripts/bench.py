@@ -26,7 +26,9 @@ another (``--shards-at-once``: all at once on this host), each in an empty
 workspace on one fresh loopback cache, then assembles the wheelhouse in
 another empty workspace: the makespan of N machines is the slowest shard
 plus the assembly, and the assembled wheels, built a second time in other
-directories, are compared byte for byte with the cold build's.
+directories, are compared byte for byte with the cold build's. With
+``--reference BENCH_JSON`` only the shards run, compared with that earlier
+run's wheel hashes and cold time.
 """
 
 from __future__ import annotations
