@@ -2,7 +2,8 @@
 
 Explicit environment, stdin from /dev/null, its own process group, merged
 output appended to a log file, the command echoed at the top of the log. On
-failure the error carries the last lines of the log and its path; on Ctrl-C
+failure the error carries the log's first error lines (compiler errors,
+ninja's FAILED) where its tail lacks them, its last lines and its path; on Ctrl-C
 (or any exception) the whole process group is stopped, TERM then KILL.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -66,6 +68,39 @@ class Usage:
 
     cpu_seconds: float
     max_rss_mb: float
+
+
+#: Lines that say what went wrong in a compiler, ninja, cmake or linker log (pip's own summary says only that).
+_ERROR_LINE = re.compile(
+    r"^\s*FAILED: |: (fatal )?error[: ]|^\s*CMake Error|internal compiler error|Killed signal terminated"
+    r"|undefined reference to|^\s*error: |No space left on device|Cannot allocate memory"
+)
+ERROR_LINES = 12
+ERROR_LINE_CHARS = 400
+
+
+def error_lines(path: Path, limit: int = ERROR_LINES) -> list[str]:
+    """The first lines of a log that look like the cause of a failure (compiler errors, ninja's FAILED)."""
+    found: list[str] = []
+    try:
+        with path.open("rb") as fh:
+            for raw in fh:
+                line = raw.decode("utf-8", "replace").rstrip()
+                if _ERROR_LINE.search(line):
+                    found.append(line if len(line) <= ERROR_LINE_CHARS else line[:ERROR_LINE_CHARS] + " …")
+                    if len(found) >= limit:
+                        break
+    except FileNotFoundError:
+        pass
+    return found
+
+
+def failure_report(log: Path) -> str:
+    """What a failed command's error shows: the log's error lines (where the tail lacks them) and its tail."""
+    last = tail(log)
+    errors = [line for line in error_lines(log) if line not in last]
+    head = f"--- first error lines of {log} ---\n" + "\n".join(errors) + "\n" if errors else ""
+    return f"{head}--- last lines of {log} ---\n{last}\n--- full log: {log}"
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -162,7 +197,7 @@ def run(
         reason = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         if code == -signal.SIGKILL:
             reason += " (possibly out of memory: check `dmesg` and lower jobs=)"
-        raise error(f"{label} failed ({reason}).\n--- last lines of {log} ---\n{tail(log)}\n--- full log: {log}")
+        raise error(f"{label} failed ({reason}).\n{failure_report(log)}")
     # ru_maxrss: the largest resident set of the process or any descendant it waited for (KiB).
     return Usage(cpu_seconds=usage.ru_utime + usage.ru_stime, max_rss_mb=usage.ru_maxrss / 1024)
 
