@@ -105,7 +105,7 @@ class ObjectCache:
         """An executable named like ``command``'s compiler that runs it through ccache."""
         words = shlex.split(command)
         script = self.masquerade / "by-path" / Path(words[0]).name
-        text = f"#!/bin/sh\nexec {shlex.quote(self.ccache)} {shlex.join(words)} \"$@\"\n"
+        text = f'#!/bin/sh\nexec {shlex.quote(self.ccache)} {shlex.join(words)} "$@"\n'
         if not script.exists() or script.read_text() != text:
             script.parent.mkdir(parents=True, exist_ok=True)
             tmp = script.with_name(f".{script.name}.{os.getpid()}")
