@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -287,8 +288,8 @@ def shard_figures(
         wall, _, _ = timed(doit_cmd(args, asm, "wheels") + url, cwd=work, env=env, log=log)
         compiled = [p for p in names if (asm / "build" / "logs" / f"build-{p}.log").exists()]
         manifest = json.loads((asm / "wheels" / "manifest.json").read_text())
-        same = all(cold_wheels.get(w["package"], {}).get("sha256") == w["sha256"] for w in manifest["wheels"])
         identical, differing = compare_with_cold(work, asm, manifest, cold_wheels)
+        same = not differing
     finally:
         server.stop()
     slowest = max(s["wall_s"] for s in shards)
@@ -326,33 +327,16 @@ def shard_figures(
 def timed_together(
     cmds: list[list[str]], *, cwd: Path, env: dict[str, str], logs: list[Path]
 ) -> list[tuple[float, float, float]]:
-    """Start every command at once; per command (wall s, CPU s of its tree, host-wide peak GB above the start)."""
-    with MemorySampler() as mem:
-        start = time.monotonic()
-        procs = []
-        for cmd, path in zip(cmds, logs, strict=True):
-            with path.open("ab") as out:
-                procs.append(
-                    subprocess.Popen(
-                        cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                    )
-                )
-        done: dict[int, tuple[float, float, float]] = {}
-        while len(done) < len(procs):
-            for i, proc in enumerate(procs):
-                if i in done:
-                    continue
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    code = os.waitstatus_to_exitcode(status)
-                    if code != 0:
-                        for other in procs:
-                            if other.poll() is None:
-                                other.kill()
-                        sys.exit(f"{' '.join(cmds[i])} failed ({code}); see {logs[i]}")
-                    done[i] = (time.monotonic() - start, usage.ru_utime + usage.ru_stime, max(0.0, mem.peak - mem.base))
-            time.sleep(0.2)
-    return [done[i] for i in range(len(procs))]
+    """Start every command at once (run_until in a thread each); their figures as timed() gives them.
+
+    A command that fails ends the benchmark once every command has finished.
+    """
+    with ThreadPoolExecutor(max_workers=len(cmds)) as pool:
+        runs = list(pool.map(lambda cmd, path: run_until(cmd, cwd=cwd, env=env, log=path), cmds, logs))
+    for cmd, path, (_, _, _, code) in zip(cmds, logs, runs, strict=True):
+        if code != 0:
+            sys.exit(f"{' '.join(cmd)} failed ({code}); see {path}")
+    return [(wall, cpu, mem) for wall, cpu, mem, _ in runs]
 
 
 def compare_with_cold(
@@ -478,7 +462,7 @@ def main() -> int:
         # time; only hashes can be compared, as its wheels are not here.
         ref = json.loads(args.reference.read_text())
         result["reference"] = {"file": str(args.reference), "host": ref.get("host"), "stack": ref.get("stack")}
-        cold_wheels = {n: {"package": n, "sha256": p["sha256"]} for n, p in ref["packages"].items() if "sha256" in p}
+        cold_wheels = {n: {"sha256": p["sha256"]} for n, p in ref["packages"].items() if "sha256" in p}
         result["stack"] = {"cold_wall_s": (ref.get("stack") or {}).get("cold_wall_s")}
         shard_figures(args, work, env, log, names, result, cold_wheels)
         save()
