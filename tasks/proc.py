@@ -9,12 +9,14 @@ ninja's FAILED) where its tail lacks them, its last lines and its path; on Ctrl-
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import re
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +31,8 @@ TAIL_LINES = 40
 _live: set[subprocess.Popen[bytes]] = set()
 _live_lock = threading.Lock()
 _interrupted = threading.Event()
+#: Seconds the first Ctrl-C leaves running builds to clean up before the process exits anyway.
+FORCE_EXIT_AFTER = 60.0
 
 
 def install_interrupt_handler() -> None:
@@ -36,7 +40,10 @@ def install_interrupt_handler() -> None:
 
     Builds run in doit's worker threads, where Python never delivers
     KeyboardInterrupt; this handler (installed from the main thread) stops
-    their process groups first, then lets the interrupt proceed as before.
+    their process groups. When it stopped any, the threads that ran them fail
+    their tasks the normal way (log marked, temporary files removed) and doit
+    ends on that failure; no new command starts. Otherwise, or on a second
+    signal, or FORCE_EXIT_AFTER seconds later, the interrupt proceeds as before.
     """
     if threading.current_thread() is not threading.main_thread():
         return
@@ -46,11 +53,25 @@ def install_interrupt_handler() -> None:
             continue
 
         def handler(signum: int, frame: object, previous: object = previous) -> None:
+            first = not _interrupted.is_set()
             _interrupted.set()
             with _live_lock:
                 running = list(_live)
             for p in running:
                 stop_group(p, grace=2.0)
+            if first and running:
+                # Let the threads that ran them see their commands fail: they mark their
+                # logs and remove their temporary files, and doit stops for the failure.
+                # Raising here instead would end the process under them (doit's threads
+                # are daemons). A second signal, or the timer, exits at once.
+                sys.stderr.write(
+                    f"\ninterrupted: stopped {len(running)} running command(s), cleaning up"
+                    f" (signal again to exit now; forced in {FORCE_EXIT_AFTER:.0f} s)\n"
+                )
+                timer = threading.Timer(FORCE_EXIT_AFTER, _thread.interrupt_main, args=(signum,))
+                timer.daemon = True
+                timer.start()
+                return
             if callable(previous):
                 previous(signum, frame)
             elif signum == signal.SIGINT:
@@ -153,6 +174,8 @@ def run(
         raise ValueError("run(): stdout= and on_line= exclude each other")
     log.parent.mkdir(parents=True, exist_ok=True)
     label = what or shlex.join(cmd)
+    if _interrupted.is_set():
+        raise error(f"{label}: not started, the run was interrupted")
     with log.open("ab") as out, stdout.open("wb") if stdout else contextlib.nullcontext() as data:
         out.write(f"$ {shlex.join(cmd)}{f' > {stdout}' if stdout else ''}\n".encode())
         if cwd is not None:

@@ -1,8 +1,12 @@
-"""A failed command's error names the cause, not only the wrapper's last words."""
+"""A failed command's error names the cause, not only the wrapper's last words; Ctrl-C stops it cleanly."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +58,79 @@ def test_error_lines_are_capped_and_clipped(tmp_path: Path) -> None:
     clipped = proc.error_lines(tmp_path / "many.log", limit=100)[-1]
     assert clipped.endswith(" …") and len(clipped) <= proc.ERROR_LINE_CHARS + 2
     assert proc.error_lines(tmp_path / "absent.log") == []
+
+
+# A process shaped like `doit -n N`: the command runs in a daemon worker thread,
+# which cleans up after it fails; the main thread waits on a queue.
+_WORKER = """
+import os, queue, sys, threading, time
+from pathlib import Path
+from tasks import proc
+from tasks.errors import ReproError
+
+work = Path(sys.argv[1])
+proc.install_interrupt_handler()
+done = queue.Queue()
+
+def worker():
+    try:
+        proc.run(["bash", "-c", "echo started; sleep 300"], env=dict(os.environ), log=work / "build.log")
+    except ReproError as exc:
+        (work / "error.txt").write_text(str(exc))
+        time.sleep(float(sys.argv[2]))  # removing a large build tree
+        (work / "cleaned").write_text("yes")
+        try:
+            proc.run(["true"], env=dict(os.environ), log=work / "next.log")
+        except ReproError as again:
+            (work / "refused.txt").write_text(str(again))
+    done.put(1)
+
+threading.Thread(target=worker, daemon=True).start()
+done.get()
+sys.exit(1)
+"""
+
+
+def _start_worker(tmp_path: Path, cleanup_s: float) -> subprocess.Popen[str]:
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    p = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, str(tmp_path), str(cleanup_s)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = tmp_path / "build.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "started" in log.read_text()):
+        assert time.monotonic() < deadline and p.poll() is None, "the command never started"
+        time.sleep(0.05)
+    return p
+
+
+def test_ctrl_c_lets_the_worker_thread_clean_up(tmp_path: Path) -> None:
+    p = _start_worker(tmp_path, cleanup_s=1.0)
+    p.send_signal(signal.SIGINT)
+    _out, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err  # the worker's failure ended the run, not a KeyboardInterrupt
+    assert "interrupted" in (tmp_path / "error.txt").read_text()
+    assert "# interrupted: process group stopped" in (tmp_path / "build.log").read_text()
+    assert (tmp_path / "cleaned").read_text() == "yes"
+    assert "not started, the run was interrupted" in (tmp_path / "refused.txt").read_text()
+    assert not (tmp_path / "next.log").exists()
+    assert "cleaning up" in err
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
+    p = _start_worker(tmp_path, cleanup_s=120.0)
+    p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "error.txt").exists():
+        assert time.monotonic() < deadline, "the first Ctrl-C did not stop the command"
+        time.sleep(0.05)
+    started = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    _out, err = p.communicate(timeout=30)
+    assert time.monotonic() - started < 10
+    assert p.returncode != 0 and "KeyboardInterrupt" in err
+    assert not (tmp_path / "cleaned").exists()
