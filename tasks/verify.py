@@ -26,6 +26,7 @@ The result is a :class:`Report`, also written to ``report.json`` and
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -477,6 +478,12 @@ def find_cuobjdump(site_dirs: Iterable[str | Path] = ()) -> Path | None:
         Path(os.environ[var]) / "bin" / "cuobjdump" for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)
     ]
     candidates.append(Path("/usr/local/cuda/bin/cuobjdump"))
+    # Where pip put the wheel's file: also in the base interpreter's site-packages,
+    # which a --system-site-packages venv (scripts/bootstrap.sh makes one) sees but
+    # does not name in sysconfig.
+    for dist in importlib.metadata.distributions():
+        if (dist.metadata["Name"] or "").lower().replace("_", "-").startswith("nvidia-cuda-cuobjdump"):
+            candidates.extend(Path(str(dist.locate_file(f))) for f in dist.files or () if f.name == "cuobjdump")
     dirs = [Path(d) for d in site_dirs]
     dirs += [Path(p) for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}]
     for site_dir in dirs:
