@@ -468,6 +468,12 @@ def child_env(venv: Path | None = None, gpu: GpuMode = "auto") -> dict[str, str]
 # Tools
 
 
+def _nvidia_bin(site_dir: Path) -> list[Path]:
+    """cuobjdump as NVIDIA's wheels lay it out under a site-packages directory."""
+    nvidia = site_dir / "nvidia"
+    return sorted(nvidia.glob("**/bin/cuobjdump")) if nvidia.is_dir() else []
+
+
 def find_cuobjdump(site_dirs: Iterable[str | Path] = ()) -> Path | None:
     """cuobjdump from PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, or the
     ``nvidia-cuda-cuobjdump`` wheel (site-packages/nvidia/**/bin)."""
@@ -478,18 +484,16 @@ def find_cuobjdump(site_dirs: Iterable[str | Path] = ()) -> Path | None:
         Path(os.environ[var]) / "bin" / "cuobjdump" for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)
     ]
     candidates.append(Path("/usr/local/cuda/bin/cuobjdump"))
+    for site_dir in [Path(d) for d in site_dirs]:
+        candidates.extend(_nvidia_bin(site_dir))
     # Where pip put the wheel's file: also in the base interpreter's site-packages,
     # which a --system-site-packages venv (scripts/bootstrap.sh makes one) sees but
     # does not name in sysconfig.
     for dist in importlib.metadata.distributions():
         if (dist.metadata["Name"] or "").lower().replace("_", "-").startswith("nvidia-cuda-cuobjdump"):
             candidates.extend(Path(str(dist.locate_file(f))) for f in dist.files or () if f.name == "cuobjdump")
-    dirs = [Path(d) for d in site_dirs]
-    dirs += [Path(p) for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}]
-    for site_dir in dirs:
-        nvidia = site_dir / "nvidia"
-        if nvidia.is_dir():
-            candidates.extend(sorted(nvidia.glob("**/bin/cuobjdump")))
+    for site_dir in {Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["platlib"])}:
+        candidates.extend(_nvidia_bin(site_dir))
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
