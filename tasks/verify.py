@@ -26,7 +26,6 @@ The result is a :class:`Report`, also written to ``report.json`` and
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import re
@@ -35,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -468,12 +466,6 @@ def child_env(venv: Path | None = None, gpu: GpuMode = "auto") -> dict[str, str]
 # Tools
 
 
-def _nvidia_bin(site_dir: Path) -> list[Path]:
-    """cuobjdump as NVIDIA's wheels lay it out under a site-packages directory."""
-    nvidia = site_dir / "nvidia"
-    return sorted(nvidia.glob("**/bin/cuobjdump")) if nvidia.is_dir() else []
-
-
 def find_cuobjdump(site_dirs: Iterable[str | Path] = ()) -> Path | None:
     """cuobjdump from PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, or the
     ``nvidia-cuda-cuobjdump`` wheel (site-packages/nvidia/**/bin)."""
@@ -484,16 +476,13 @@ def find_cuobjdump(site_dirs: Iterable[str | Path] = ()) -> Path | None:
         Path(os.environ[var]) / "bin" / "cuobjdump" for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)
     ]
     candidates.append(Path("/usr/local/cuda/bin/cuobjdump"))
-    for site_dir in [Path(d) for d in site_dirs]:
-        candidates.extend(_nvidia_bin(site_dir))
-    # Where pip put the wheel's file: also in the base interpreter's site-packages,
-    # which a --system-site-packages venv (scripts/bootstrap.sh makes one) sees but
-    # does not name in sysconfig.
-    for dist in importlib.metadata.distributions():
-        if (dist.metadata["Name"] or "").lower().replace("_", "-").startswith("nvidia-cuda-cuobjdump"):
-            candidates.extend(Path(str(dist.locate_file(f))) for f in dist.files or () if f.name == "cuobjdump")
-    for site_dir in {Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["platlib"])}:
-        candidates.extend(_nvidia_bin(site_dir))
+    # The given site dirs, then every directory this interpreter imports from: a
+    # --system-site-packages venv (scripts/bootstrap.sh makes one) also sees the
+    # base interpreter's site-packages, where pip may have left the wheel.
+    for site_dir in [*map(Path, site_dirs), *(Path(p) for p in sys.path if p)]:
+        nvidia = site_dir / "nvidia"
+        if nvidia.is_dir():
+            candidates.extend(sorted(nvidia.glob("**/bin/cuobjdump")))
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate

@@ -196,10 +196,7 @@ def test_find_cuobjdump_in_nvidia_wheel_layout(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(
-        "tasks.verify.sysconfig.get_paths", lambda: {"purelib": "/nonexistent", "platlib": "/nonexistent"}
-    )
-    monkeypatch.setattr("tasks.verify.importlib.metadata.distributions", lambda: [])  # this interpreter's own
+    monkeypatch.setattr(sys, "path", [])  # not this interpreter's own wheel
     if Path("/usr/local/cuda/bin/cuobjdump").exists():
         pytest.skip("/usr/local/cuda/bin/cuobjdump exists and takes precedence")
     assert verify.find_cuobjdump([tmp_path]) is None
@@ -210,27 +207,20 @@ def test_find_cuobjdump_in_nvidia_wheel_layout(tmp_path: Path, monkeypatch: pyte
     assert verify.find_cuobjdump([tmp_path]) == tool
 
 
-def test_find_cuobjdump_through_the_installed_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_find_cuobjdump_in_the_base_site_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A --system-site-packages venv: the wheel is in the base interpreter's
-    # site-packages, on sys.path but not among the venv's sysconfig paths.
+    # site-packages, which is on sys.path but is not the venv's own.
     site = tmp_path / "base-site-packages"
     tool = site / "nvidia" / "cu13" / "bin" / "cuobjdump"
     tool.parent.mkdir(parents=True)
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
-    info = site / "nvidia_cuda_cuobjdump-13.2.86.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-cuda-cuobjdump\nVersion: 13.2.86\n")
-    (info / "RECORD").write_text(f"nvidia/cu13/bin/cuobjdump,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(
-        "tasks.verify.sysconfig.get_paths", lambda: {"purelib": "/nonexistent", "platlib": "/nonexistent"}
-    )
     if Path("/usr/local/cuda/bin/cuobjdump").exists():
         pytest.skip("/usr/local/cuda/bin/cuobjdump exists and takes precedence")
-    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "venv-site-packages"), str(site)])
     assert verify.find_cuobjdump() == tool
 
 
