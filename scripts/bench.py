@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]  # tasks.* and cache_server, imported where a figure needs them
 
 
 class MemorySampler:
@@ -154,7 +155,6 @@ def doit_cmd(args: argparse.Namespace, work: Path, *targets: str, lock: Path | N
 
 
 def packages(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
-    sys.path.insert(0, str(REPO))
     from tasks.lockfile import load_lock
 
     return [p.name for p in load_lock(args.lock.resolve()).resolve(args.profile)]
@@ -253,7 +253,6 @@ def shard_figures(
     time: the per-package count of identical wheels, and for each that
     differs, what differs (tasks.wheeldiff).
     """
-    sys.path.insert(0, str(REPO / "scripts"))
     from cache_server import CacheServer
 
     n = args.shards
@@ -343,7 +342,6 @@ def compare_with_cold(
     work: Path, other: Path, manifest: dict[str, Any], cold_wheels: dict[str, Any]
 ) -> tuple[list[str], dict[str, str]]:
     """Which of other/wheels are byte-identical to the cold build's, and what differs in the rest."""
-    sys.path.insert(0, str(REPO))
     from tasks.wheeldiff import compare_wheels
 
     identical, differing = [], {}
@@ -449,13 +447,14 @@ def main() -> int:
 
     cache_server = None
     if args.remote:
-        sys.path.insert(0, str(REPO / "scripts"))
         from cache_server import CacheServer
 
         cache_server = CacheServer(work / "remote").start()
         remote_vars = [f"remote={cache_server.url}"]
     else:
         remote_vars = []
+    # The cold builds upload to the loopback cache, per package or as a stack.
+    upload = [*remote_vars, "remote_write=on"] if remote_vars else []
 
     if args.reference:
         # Shards only: the cold build is an earlier run's (its bench.json), built in another directory at another
@@ -474,7 +473,7 @@ def main() -> int:
     wall, cpu, _ = timed(doit_cmd(args, work, "fetch"), cwd=work, env=env, log=log)
     result["fetch_s"] = round(wall, 2)
     if args.stack:
-        cmd = doit_cmd(args, work, "wheels") + remote_vars + (["remote_write=on"] if args.remote else [])
+        cmd = doit_cmd(args, work, "wheels") + upload
         wall, cpu, mem = timed(cmd, cwd=work, env=env, log=log)
         result["stack"] = {
             "cold_wall_s": round(wall, 1),
@@ -518,7 +517,7 @@ def main() -> int:
     else:
         total = 0.0
         for name in names:
-            wall, cpu, mem = timed(doit_cmd(args, work, f"build:{name}"), cwd=work, env=env, log=log)
+            wall, cpu, mem = timed(doit_cmd(args, work, f"build:{name}") + upload, cwd=work, env=env, log=log)
             total += wall
             result["packages"][name] |= {
                 "cold_wall_s": round(wall, 1),
@@ -580,7 +579,6 @@ def main() -> int:
         lock2 = edited_lock(args, work, pkg, rel)
         key_cmd = doit_cmd(args, work, f"build:{pkg}", lock=lock2)
         wall, cpu, _ = timed(key_cmd, cwd=work, env=env, log=log)
-        sys.path.insert(0, str(REPO))
         from tasks.context import Context
 
         ctx2 = Context.load({"lock": str(lock2), "cache": str(work / "cache"), "profile": args.profile})
