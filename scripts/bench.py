@@ -27,8 +27,10 @@ workspace on one fresh loopback cache, then assembles the wheelhouse in
 another empty workspace: the makespan of N machines is the slowest shard
 plus the assembly, and the assembled wheels, built a second time in other
 directories, are compared byte for byte with the cold build's. With
-``--reference BENCH_JSON`` only the shards run, compared with that earlier
-run's wheel hashes and cold time.
+``--reference BENCH_JSON`` the cold build is skipped: the shards run,
+compared with that earlier run's wheel hashes and cold time, then
+``--verify`` checks the assembled wheelhouse and ``--baseline`` builds the
+plain baseline.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -362,6 +365,53 @@ def entry_meta(work: Path, key: str) -> dict[str, Any]:
     return dict(json.loads((d / "entry.json").read_text()))
 
 
+def plain_baseline(
+    args: argparse.Namespace,
+    work: Path,
+    env: dict[str, str],
+    log: Path,
+    names: list[str],
+    result: dict[str, Any],
+    began: float,
+    save: Callable[[], None],
+) -> None:
+    """Plain builds of the same patched trees, one after another, no cache."""
+    from tasks.build import build_env
+    from tasks.context import Context
+
+    order = args.baseline_order.split(",") if args.baseline_order else names
+    for name in order:
+        timed(doit_cmd(args, work, f"stage:{name}"), cwd=work, env=env, log=log)
+    vars_ = {"lock": str(args.lock.resolve()), "cache": str(work / "cache"), "profile": args.profile}
+    ctx = Context.load(vars_)
+    base_total = 0.0
+    deadline = began + args.deadline if args.deadline else None
+    for name in order:
+        if deadline is not None and time.monotonic() >= deadline:
+            result["packages"][name]["plain"] = "not started (deadline)"
+            print(f"plain {name}: not started (deadline)", flush=True)
+            continue
+        pkg = ctx.package(name)
+        tree = work / "build" / "stage" / name
+        tree = tree / pkg.subdir if pkg.subdir else tree
+        out = work / "plain" / name
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(out), str(tree)]
+        jobs = args.jobs or cores()  # plain builds: one package at a time, all cores
+        plog = work / f"plain-{name}.log"
+        wall, cpu, mem, code = run_until(cmd, cwd=tree, env=build_env(ctx, pkg, jobs), log=plog, deadline=deadline)
+        base_total += wall
+        state = "ok" if code == 0 else ("stopped at the deadline" if code is None else f"failed ({code})")
+        result["packages"][name] |= {
+            "plain_wall_s": round(wall, 1),
+            "plain_cpu_s": round(cpu, 1),
+            "plain_peak_mem_gb": round(mem, 1),
+            "plain": state,
+        }
+        print(f"plain {name}: {wall:.1f} s wall, {cpu:.0f} s CPU ({state}); log {plog}", flush=True)
+        save()
+    result["plain_total_s"] = round(base_total, 1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lock", type=Path, default=REPO / "sources.lock")
@@ -397,7 +447,8 @@ def main() -> int:
         "--reference",
         type=Path,
         metavar="BENCH_JSON",
-        help="with --shards: skip the cold build; compare with this earlier run's wheel hashes and cold time",
+        help="with --shards: skip the cold build; compare with this earlier run's wheel hashes and cold time "
+        "(then --verify on the assembled wheelhouse, --baseline as usual)",
     )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -462,8 +513,29 @@ def main() -> int:
         ref = json.loads(args.reference.read_text())
         result["reference"] = {"file": str(args.reference), "host": ref.get("host"), "stack": ref.get("stack")}
         cold_wheels = {n: {"sha256": p["sha256"]} for n, p in ref["packages"].items() if "sha256" in p}
-        result["stack"] = {"cold_wall_s": (ref.get("stack") or {}).get("cold_wall_s")}
+        if ref.get("stack"):
+            result["stack"] = {"cold_wall_s": ref["stack"].get("cold_wall_s")}
+        result["cold_total_s"] = ref.get("cold_total_s")
         shard_figures(args, work, env, log, names, result, cold_wheels)
+        save()
+        verifier = None
+        if args.verify:
+            # The assembled wheelhouse, checked after the shards (beside the plain builds, as without --reference).
+            asm = work / f"shard-assemble-{args.shards}"
+            vlog = work / "verify.log"
+            vstart = time.monotonic()
+            with vlog.open("wb") as vout:
+                verifier = subprocess.Popen(
+                    doit_cmd(args, asm, "verify"), cwd=work, env=env, stdout=vout, stderr=subprocess.STDOUT
+                )
+        if args.baseline:
+            plain_baseline(args, work, env, log, names, result, began, save)
+        if verifier is not None:
+            code = verifier.wait()
+            result["verify"] = {"exit": code, "wall_s": round(time.monotonic() - vstart, 1), "log": str(vlog)}
+            print(
+                f"doit verify (assembled wheelhouse): exit {code} in {result['verify']['wall_s']} s; {vlog}", flush=True
+            )
         save()
         if server is not None:
             server.stop()
@@ -635,41 +707,7 @@ def main() -> int:
         shard_figures(args, work, env, log, names, result, cold_wheels)
         save()
     if args.baseline:
-        # Plain builds of the same patched trees, one after another, no cache.
-        from tasks.build import build_env
-        from tasks.context import Context
-
-        order = args.baseline_order.split(",") if args.baseline_order else names
-        for name in order:
-            timed(doit_cmd(args, work, f"stage:{name}"), cwd=work, env=env, log=log)
-        vars_ = {"lock": str(args.lock.resolve()), "cache": str(work / "cache"), "profile": args.profile}
-        ctx = Context.load(vars_)
-        base_total = 0.0
-        deadline = began + args.deadline if args.deadline else None
-        for name in order:
-            if deadline is not None and time.monotonic() >= deadline:
-                result["packages"][name]["plain"] = "not started (deadline)"
-                print(f"plain {name}: not started (deadline)", flush=True)
-                continue
-            pkg = ctx.package(name)
-            tree = work / "build" / "stage" / name
-            tree = tree / pkg.subdir if pkg.subdir else tree
-            out = work / "plain" / name
-            cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(out), str(tree)]
-            jobs = args.jobs or ncores  # plain builds: one package at a time, all cores
-            plog = work / f"plain-{name}.log"
-            wall, cpu, mem, code = run_until(cmd, cwd=tree, env=build_env(ctx, pkg, jobs), log=plog, deadline=deadline)
-            base_total += wall
-            state = "ok" if code == 0 else ("stopped at the deadline" if code is None else f"failed ({code})")
-            result["packages"][name] |= {
-                "plain_wall_s": round(wall, 1),
-                "plain_cpu_s": round(cpu, 1),
-                "plain_peak_mem_gb": round(mem, 1),
-                "plain": state,
-            }
-            print(f"plain {name}: {wall:.1f} s wall, {cpu:.0f} s CPU ({state}); log {plog}", flush=True)
-            save()
-        result["plain_total_s"] = round(base_total, 1)
+        plain_baseline(args, work, env, log, names, result, began, save)
     if verifier is not None:
         code = verifier.wait()
         result["verify"] = {"exit": code, "wall_s": round(time.monotonic() - vstart, 1), "log": str(vlog)}
