@@ -20,6 +20,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5. A parallel build's first wave
+    # (64 ccache processes at once on a 64-core host) then overflows the
+    # accept queue; the dropped connections are retried by the kernel only
+    # after 1 s, past ccache's connect timeout, and those objects are never
+    # shared. nginx listens with 511; the kernel caps this at somaxconn.
+    request_queue_size = 1024
+
+
 class CacheServer:
     """A ThreadingHTTPServer over ``root`` on 127.0.0.1, started in a daemon thread."""
 
@@ -79,7 +88,7 @@ class CacheServer:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd = _Server(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -92,8 +92,7 @@ def wheel_command(pkg: Package, out: str, build_dir: str, python: str = sys.exec
 class Compiled:
     wheel: Path
     usage: proc.Usage
-    object_hits: int
-    object_misses: int
+    objects: objcache.Stats
 
 
 def compile_wheel(
@@ -125,7 +124,7 @@ def compile_wheel(
             ctx.builder, wheel_command(pkg, str(raw), str(build_dir)), mounts=mounts, workdir=build_dir, env=env
         )
         usage = run_build(cmd, env=docker.client_env(), cwd=stage_dir, log=log, pkg=pkg, on_line=on_line)
-        return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, object_hits=0, object_misses=0)
+        return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, objects=objcache.Stats(0, 0))
     place = reproducible.placement(pkg.name, stage_dir)
     cmd = wheel_command(pkg, str(raw), place.path(build_dir))
     server = ctx.jobserver()
@@ -144,8 +143,7 @@ def compile_wheel(
         env = objects.env(env, stats_log=stats_log)
     with server.slot(server.tokens_for(jobs)):
         usage = run_build(place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, on_line=on_line)
-    hits, misses = objcache.stats(stats_log)
-    return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, object_hits=hits, object_misses=misses)
+    return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, objects=objcache.stats(stats_log))
 
 
 def _normalised(raw: Path, out: Path, pkg: Package, log: Path) -> Path:
@@ -201,7 +199,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
     try:
         with ctx.cache.staging(f"out-{pkg.name}") as out:
             built = compile_wheel(ctx, pkg, stage_dir=stage_dir, out=out, log=log, jobs=jobs, on_line=progress.feed)
-            norm, usage, hits, misses = built.wheel, built.usage, built.object_hits, built.object_misses
+            norm, usage, (hits, misses, remote_failed) = built.wheel, built.usage, built.objects
             seconds = round(time.monotonic() - started, 3)
             entry = ctx.cache.put_wheel(
                 key,
@@ -213,7 +211,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                     "cpu_seconds": round(usage.cpu_seconds, 1),
                     "max_rss_mb": round(usage.max_rss_mb),
                     "jobs": jobs,
-                    "object_cache": {"hits": hits, "misses": misses},
+                    "object_cache": {"hits": hits, "misses": misses, "remote_failed": remote_failed},
                 },
             )
         units = ninja_units(stage_dir, wall_start)
@@ -241,6 +239,14 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
         f"{usage.max_rss_mb:.0f} MB, object cache {hits} hits / {misses} misses): {entry.path.name}",
         flush=True,
     )
+    if remote_failed:
+        shared = " and not uploaded" if ctx.settings.remote_write else ""
+        print(
+            f"warning: {pkg.name}: the remote object cache did not answer (timeout or error) for {remote_failed} "
+            f"of {hits + misses} compiles; they were compiled here{shared} (remote_timeout is "
+            f"{ctx.settings.remote_timeout:g} s; details in {ctx.settings.logs / f'ccache-{pkg.name}.log'})",
+            flush=True,
+        )
     return entry
 
 

@@ -53,6 +53,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 MASQUERADE = ("cc", "gcc", "c++", "g++", "nvcc")
 
@@ -159,16 +160,22 @@ def setup(
     )
 
 
-def stats(stats_log: Path) -> tuple[int, int]:
-    """(hits, misses) that one build's compilations recorded in its ccache stats log."""
+class Stats(NamedTuple):
+    hits: int
+    misses: int
+    #: compilations whose remote storage timed out or failed: looked up and stored locally only
+    remote_failed: int = 0
+
+
+def stats(stats_log: Path) -> Stats:
+    """What one build's compilations recorded in its ccache stats log."""
     try:
         lines = stats_log.read_text(errors="replace").splitlines()
     except FileNotFoundError:
-        return 0, 0
+        return Stats(0, 0)
     counts = Counter(line.strip() for line in lines if line.strip() and not line.startswith("#"))
     hits = sum(counts[name] for name in _HITS)
-    misses = counts["cache_miss"]
-    return hits, misses
+    return Stats(hits, counts["cache_miss"], counts["remote_storage_timeout"] + counts["remote_storage_error"])
 
 
 def valid_size(text: str) -> bool:

@@ -261,6 +261,7 @@ def test_object_cache_is_shared_through_the_remote(nginx: Nginx, tmp_path: Path,
     res = a.doit("build:repro_pybind", f"remote={nginx.url}", "remote_write=on")
     assert f"shared with {nginx.url}/ccache" in res.stdout
     assert object_counts(res.stdout, "repro_pybind") == (0, 1)
+    assert "remote object cache did not answer" not in res.stdout
     stored = _files(nginx.store / "ccache")
     assert stored, "no object reached the remote"
     (wheel_a,) = (tmp_path / "cache-a").glob("wheels/*/*/repro_pybind-*.whl")
@@ -282,4 +283,9 @@ def test_object_cache_with_the_remote_down_compiles_locally(tmp_path: Path, serv
     started = time.monotonic()
     res = ws.doit("build:repro_pybind", f"remote=http://127.0.0.1:{free_port()}", "remote_write=on")
     assert object_counts(res.stdout, "repro_pybind") == (0, 1)
+    # Said once, after the build, not left for the user to find in ccache's log.
+    assert (
+        "warning: repro_pybind: the remote object cache did not answer (timeout or error) for 1 of 1 compiles; "
+        "they were compiled here and not uploaded"
+    ) in res.stdout, res.stdout
     assert time.monotonic() - started < 120
