@@ -365,6 +365,24 @@ def entry_meta(work: Path, key: str) -> dict[str, Any]:
     return dict(json.loads((d / "entry.json").read_text()))
 
 
+class Verify:
+    """`doit verify` on ``ws``'s wheelhouse in the background, its report in WORK/verify.log."""
+
+    def __init__(self, args: argparse.Namespace, ws: Path, work: Path, env: dict[str, str]) -> None:
+        self.log = work / "verify.log"
+        self.started = time.monotonic()
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                doit_cmd(args, ws, "verify"), cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def finish(self, result: dict[str, Any], what: str) -> None:
+        code = self.proc.wait()
+        wall = round(time.monotonic() - self.started, 1)
+        result["verify"] = {"exit": code, "wall_s": wall, "log": str(self.log)}
+        print(f"doit verify ({what}): exit {code} in {wall} s; report in {self.log}", flush=True)
+
+
 def plain_baseline(
     args: argparse.Namespace,
     work: Path,
@@ -518,24 +536,12 @@ def main() -> int:
         result["cold_total_s"] = ref.get("cold_total_s")
         shard_figures(args, work, env, log, names, result, cold_wheels)
         save()
-        verifier = None
-        if args.verify:
-            # The assembled wheelhouse, checked after the shards (beside the plain builds, as without --reference).
-            asm = work / f"shard-assemble-{args.shards}"
-            vlog = work / "verify.log"
-            vstart = time.monotonic()
-            with vlog.open("wb") as vout:
-                verifier = subprocess.Popen(
-                    doit_cmd(args, asm, "verify"), cwd=work, env=env, stdout=vout, stderr=subprocess.STDOUT
-                )
+        # The assembled wheelhouse, checked after the shards (beside the plain builds, as without --reference).
+        verifier = Verify(args, work / f"shard-assemble-{args.shards}", work, env) if args.verify else None
         if args.baseline:
             plain_baseline(args, work, env, log, names, result, began, save)
         if verifier is not None:
-            code = verifier.wait()
-            result["verify"] = {"exit": code, "wall_s": round(time.monotonic() - vstart, 1), "log": str(vlog)}
-            print(
-                f"doit verify (assembled wheelhouse): exit {code} in {result['verify']['wall_s']} s; {vlog}", flush=True
-            )
+            verifier.finish(result, "the assembled wheelhouse")
         save()
         if server is not None:
             server.stop()
@@ -692,26 +698,17 @@ def main() -> int:
         )
         save()
 
-    verifier = None
-    if args.verify:
-        # Check what was built before comparing its build time with anything.
-        vlog = work / "verify.log"
-        vout = vlog.open("wb")
-        vstart = time.monotonic()
-        verifier = subprocess.Popen(
-            doit_cmd(args, work, "verify"), cwd=work, env=env, stdout=vout, stderr=subprocess.STDOUT
-        )
-        if not args.baseline and not args.shards:
-            verifier.wait()
+    # Check what was built before comparing its build time with anything.
+    verifier = Verify(args, work, work, env) if args.verify else None
+    if verifier is not None and not args.baseline and not args.shards:
+        verifier.proc.wait()
     if args.shards:
         shard_figures(args, work, env, log, names, result, cold_wheels)
         save()
     if args.baseline:
         plain_baseline(args, work, env, log, names, result, began, save)
     if verifier is not None:
-        code = verifier.wait()
-        result["verify"] = {"exit": code, "wall_s": round(time.monotonic() - vstart, 1), "log": str(vlog)}
-        print(f"doit verify: exit {code} in {result['verify']['wall_s']} s; report in {vlog}", flush=True)
+        verifier.finish(result, "the wheelhouse")
     if server is not None:
         server.stop()
     if cache_server is not None:
