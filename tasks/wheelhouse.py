@@ -59,6 +59,19 @@ def is_current(ctx: Context) -> tuple[bool, str]:
     return True, "up to date"
 
 
+def report_timeline(ctx: Context, names: list[str]) -> None:
+    """This run's summary table of ``names``, and its build timeline in ``<builddir>/trace.json``."""
+    outcomes = [ctx.outcomes.get(n) or Outcome(package=n, status="cached") for n in names]
+    trace = ctx.settings.builddir / "trace.json"
+    print(timeline.summary_table(outcomes), flush=True)
+    if any(o.status == "built" for o in outcomes):
+        write_atomic(trace, timeline.trace_json(outcomes))
+        print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)
+    else:
+        # A run that only restored from the cache keeps the last build's timeline.
+        print(f"nothing built in this run; the last build's timeline stays in {trace}", flush=True)
+
+
 def assemble(ctx: Context) -> list[index.WheelRecord]:
     out = ctx.settings.wheels
     out.mkdir(parents=True, exist_ok=True)
@@ -110,15 +123,7 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                 archs=ctx.lock.toolchain.archs,
             ),
         )
-    outcomes = [ctx.outcomes.get(p.name) or Outcome(package=p.name, status="cached") for p in ctx.packages]
-    trace = ctx.settings.builddir / "trace.json"
-    print(timeline.summary_table(outcomes), flush=True)
-    if any(o.status == "built" for o in outcomes):
-        write_atomic(trace, timeline.trace_json(outcomes))
-        print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)
-    else:
-        # A run that only restored from the cache keeps the last build's timeline.
-        print(f"nothing built in this run; the last build's timeline stays in {trace}", flush=True)
+    report_timeline(ctx, [p.name for p in ctx.packages])
     for r in records:
         print(f"  {r.filename}  sha256:{r.sha256[:16]}…", flush=True)
     print(

@@ -207,6 +207,10 @@ def test_shards_fill_one_remote_and_a_third_workspace_assembles_without_compilin
         built.append(sorted(built_packages(res.stdout)))
         assert f"shard {i}/2:" in res.stdout
         assert not (ws.wheels / "manifest.json").exists()
+        # Each shard keeps its own build timeline, as a whole run does.
+        trace = json.loads((ws.root / "build" / "trace.json").read_text())
+        rows = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+        assert rows == set(built[-1]), (rows, built[-1])
     assert built[0] and built[1] and not set(built[0]) & set(built[1])
     assert sorted(built[0] + built[1]) == QUICK
     third = make_workspace(tmp_path / "third", tmp_path / "cache-third", server.url)
