@@ -29,8 +29,9 @@ plus the assembly, and the assembled wheels, built a second time in other
 directories, are compared byte for byte with the cold build's. With
 ``--reference BENCH_JSON`` the cold build is skipped: the shards run,
 compared with that earlier run's wheel hashes and cold time, then
-``--verify`` checks the assembled wheelhouse and ``--baseline`` builds the
-plain baseline.
+``--verify`` checks the assembled wheelhouse; ``--baseline`` (with or
+without ``--shards``) builds the plain baseline to set beside that run's
+cold figures.
 """
 
 from __future__ import annotations
@@ -425,7 +426,9 @@ def plain_baseline(
             "plain_peak_mem_gb": round(mem, 1),
             "plain": state,
         }
-        print(f"plain {name}: {wall:.1f} s wall, {cpu:.0f} s CPU ({state}); log {plog}", flush=True)
+        ref_cold = result["packages"][name].get("reference_cold_wall_s")
+        beside = f"; cold build in the reference run: {ref_cold} s" if ref_cold is not None else ""
+        print(f"plain {name}: {wall:.1f} s wall, {cpu:.0f} s CPU ({state}){beside}; log {plog}", flush=True)
         save()
     result["plain_total_s"] = round(base_total, 1)
 
@@ -465,13 +468,15 @@ def main() -> int:
         "--reference",
         type=Path,
         metavar="BENCH_JSON",
-        help="with --shards: skip the cold build; compare with this earlier run's wheel hashes and cold time "
-        "(then --verify on the assembled wheelhouse, --baseline as usual)",
+        help="skip the cold build and use this earlier run's wheel hashes and cold times: with --shards "
+        "(then --verify on the assembled wheelhouse) and/or --baseline",
     )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    if args.reference and not args.shards:
-        ap.error("--reference needs --shards")
+    if args.reference and not (args.shards or args.baseline):
+        ap.error("--reference needs --shards or --baseline")
+    if args.reference and args.verify and not args.shards:
+        ap.error("--reference --verify needs --shards: it checks the wheelhouse the shards assemble")
     began = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     server = None
@@ -526,16 +531,20 @@ def main() -> int:
     upload = [*remote_vars, "remote_write=on"] if remote_vars else []
 
     if args.reference:
-        # Shards only: the cold build is an earlier run's (its bench.json), built in another directory at another
-        # time; only hashes can be compared, as its wheels are not here.
+        # No cold build: it is an earlier run's (its bench.json), built in another directory at another time;
+        # only hashes can be compared, as its wheels are not here.
         ref = json.loads(args.reference.read_text())
         result["reference"] = {"file": str(args.reference), "host": ref.get("host"), "stack": ref.get("stack")}
         cold_wheels = {n: {"sha256": p["sha256"]} for n, p in ref["packages"].items() if "sha256" in p}
+        for n, p in ref["packages"].items():
+            if n in result["packages"] and "cold_wall_s" in p:
+                result["packages"][n]["reference_cold_wall_s"] = p["cold_wall_s"]
         if ref.get("stack"):
             result["stack"] = {"cold_wall_s": ref["stack"].get("cold_wall_s")}
         result["cold_total_s"] = ref.get("cold_total_s")
-        shard_figures(args, work, env, log, names, result, cold_wheels)
-        save()
+        if args.shards:
+            shard_figures(args, work, env, log, names, result, cold_wheels)
+            save()
         # The assembled wheelhouse, checked after the shards (beside the plain builds, as without --reference).
         verifier = Verify(args, work / f"shard-assemble-{args.shards}", work, env) if args.verify else None
         if args.baseline:
