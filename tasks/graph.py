@@ -269,8 +269,8 @@ def _do_wheels() -> None:
 
 @guarded
 def _do_shard(names: list[str]) -> None:
+    from tasks import timeline
     from tasks.build import build_package
-    from tasks.wheelhouse import report_timeline
 
     _require_pins()
     ctx = context()
@@ -279,7 +279,7 @@ def _do_shard(names: list[str]) -> None:
     for name in names:
         entry = build_package(ctx, ctx.package(name))  # cached, restored or built by build:<name>
         print(f"  {name}: {entry.path.name}", flush=True)
-    report_timeline(ctx, names)
+    timeline.report(ctx.outcomes, names, ctx.settings.builddir / "trace.json")
     where = f"; uploaded to {ctx.settings.remote}" if ctx.settings.remote_write else ""
     print(
         f"shard {shard[0]}/{shard[1]}: {len(names)} of {len(ctx.packages)} package(s) in the wheel cache{where}; "

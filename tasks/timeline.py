@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from tasks.cache import write_atomic
 
 _PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 
@@ -94,6 +97,18 @@ def summary_table(outcomes: Iterable[Outcome]) -> str:
 
 def trace_json(outcomes: Iterable[Outcome]) -> str:
     return json.dumps(chrome_trace(outcomes), indent=1) + "\n"
+
+
+def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path) -> None:
+    """Print the run's summary table of ``names``; write its timeline to ``trace`` when anything was built."""
+    rows = [outcomes.get(n) or Outcome(package=n, status="cached") for n in names]
+    print(summary_table(rows), flush=True)
+    if any(o.status == "built" for o in rows):
+        write_atomic(trace, trace_json(rows))
+        print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)
+    else:
+        # A run that only restored from the cache keeps the last build's timeline.
+        print(f"nothing built in this run; the last build's timeline stays in {trace}", flush=True)
 
 
 class Progress:

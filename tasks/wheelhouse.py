@@ -21,7 +21,6 @@ from tasks import attest, index, provenance, timeline
 from tasks.build import build_package
 from tasks.cache import rmtree, write_atomic
 from tasks.context import Context
-from tasks.timeline import Outcome
 from tasks.treehash import file_sha256
 
 
@@ -57,19 +56,6 @@ def is_current(ctx: Context) -> tuple[bool, str]:
         if not (ctx.settings.wheels / extra).is_file():
             return False, f"{extra} missing"
     return True, "up to date"
-
-
-def report_timeline(ctx: Context, names: list[str]) -> None:
-    """This run's summary table of ``names``, and its build timeline in ``<builddir>/trace.json``."""
-    outcomes = [ctx.outcomes.get(n) or Outcome(package=n, status="cached") for n in names]
-    trace = ctx.settings.builddir / "trace.json"
-    print(timeline.summary_table(outcomes), flush=True)
-    if any(o.status == "built" for o in outcomes):
-        write_atomic(trace, timeline.trace_json(outcomes))
-        print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)
-    else:
-        # A run that only restored from the cache keeps the last build's timeline.
-        print(f"nothing built in this run; the last build's timeline stays in {trace}", flush=True)
 
 
 def assemble(ctx: Context) -> list[index.WheelRecord]:
@@ -123,7 +109,7 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                 archs=ctx.lock.toolchain.archs,
             ),
         )
-    report_timeline(ctx, [p.name for p in ctx.packages])
+    timeline.report(ctx.outcomes, [p.name for p in ctx.packages], ctx.settings.builddir / "trace.json")
     for r in records:
         print(f"  {r.filename}  sha256:{r.sha256[:16]}…", flush=True)
     print(
