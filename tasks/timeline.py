@@ -106,9 +106,11 @@ def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path) -
     if any(o.status == "built" for o in rows):
         write_atomic(trace, trace_json(rows))
         print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)
-    else:
+    elif trace.exists():
         # A run that only restored from the cache keeps the last build's timeline.
         print(f"nothing built in this run; the last build's timeline stays in {trace}", flush=True)
+    else:
+        print("nothing built in this run, so no build timeline", flush=True)
 
 
 class Progress:

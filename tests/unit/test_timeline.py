@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from tasks.timeline import Outcome, Progress, Unit, chrome_trace, parse_ninja_log, summary_table
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.timeline import Outcome, Progress, Unit, chrome_trace, parse_ninja_log, report, summary_table
 
 NINJA_LOG = """# ninja log v5
 0\t1500\t0\tbuild/a.o\tdeadbeef
@@ -51,3 +56,17 @@ def test_progress_reports_ninja_counts_at_most_every_interval() -> None:
     fast = Progress("te", lines.append, every=0)
     fast.feed("[1/2] x")
     assert lines and "1/2 units" in lines[0]
+
+
+def test_report_writes_the_trace_only_when_something_was_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "build" / "trace.json"
+    report({}, ["apex"], trace)  # everything cached, no earlier timeline: none is claimed
+    out = capsys.readouterr().out
+    assert not trace.exists() and "no build timeline" in out and str(trace) not in out
+    report({"te": Outcome(package="te", status="built", wall_s=1.0)}, ["te", "apex"], trace)
+    rows = {e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "M"}
+    assert rows == {"te"} and f"build timeline: {trace}" in capsys.readouterr().out
+    report({}, ["te", "apex"], trace)  # a cached run keeps the last build's timeline and says where it is
+    assert trace.exists() and f"the last build's timeline stays in {trace}" in capsys.readouterr().out
