@@ -11,6 +11,7 @@ processes wanting the same key wait on a file lock and then reuse it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -245,6 +246,17 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
             f"warning: {pkg.name}: the remote object cache did not answer (timeout or error) for {remote_failed} "
             f"of {hits + misses} compiles; they were compiled here{shared} (remote_timeout is "
             f"{ctx.settings.remote_timeout:g} s; details in {ctx.settings.logs / f'ccache-{pkg.name}.log'})",
+            flush=True,
+        )
+    largest_gb = usage.max_rss_mb / 1024
+    if largest_gb > pkg.mem_per_job_gb:
+        # The job budget (mem= / mem_per_job_gb) let this many jobs run at once on that assumption;
+        # with every slot this large, a host whose memory is the limit meets the OOM killer.
+        print(
+            f"warning: {pkg.name}: its largest process used {largest_gb:.1f} GB, more than mem_per_job_gb = "
+            f"{pkg.mem_per_job_gb:g} GB, which the job budget counts per job; raise mem_per_job_gb for "
+            f"{pkg.name} in the lock (or its profile) to at least {math.ceil(largest_gb)} before a larger "
+            f"build runs out of memory",
             flush=True,
         )
     return entry

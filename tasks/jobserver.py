@@ -199,15 +199,24 @@ def _fmt(version: tuple[int, ...] | None) -> str:
 
 #: Lines compilers and build drivers print when the kernel's OOM killer or an
 #: exhausted address space stopped them (gcc, nvcc's cicc/ptxas, the C++ runtime).
+#: A bare "Killed" is nvcc's: its shell prints it when the OOM killer SIGKILLs
+#: cicc or ptxas (FA3's full profile on the H200 host, 41 jobs at 23 GB each).
 _OOM = re.compile(
     r"died due to signal 9|Killed signal terminated program|internal compiler error: Killed"
     r"|virtual memory exhausted|out of memory allocating|std::bad_alloc|Cannot allocate memory"
+    r"|^\s*Killed\s*$"
 )
 
 
 def killed_for_memory(log_text: str) -> str | None:
-    """The first line of ``log_text`` showing a compiler killed for memory, if any."""
+    """The first line of ``log_text`` showing a compiler killed for memory, if any.
+
+    A bare "Killed" comes with ninja's ``FAILED:`` line for the unit before it.
+    """
+    failed = ""
     for line in log_text.splitlines():
+        if line.lstrip().startswith("FAILED:"):
+            failed = line.strip()
         if _OOM.search(line):
-            return line.strip()
+            return f"{failed}: Killed" if failed and line.strip() == "Killed" else line.strip()
     return None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -155,6 +157,55 @@ def test_compiler_out_of_memory_is_recognised(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert killed_for_memory(res.stdout + res.stderr) is not None, res.stderr
     assert killed_for_memory("error: expected ';' before '}' token") is None
+
+
+#: Slow enough to catch its cicc running (a few seconds), small enough for CI.
+_SLOW_KERNEL = textwrap.dedent(
+    """
+    template <int N> struct F { __device__ static int v(int x) { return F<N-1>::v(x) * 3 + F<N-2>::v(x ^ N); } };
+    template <> struct F<0> { __device__ static int v(int x) { return x; } };
+    template <> struct F<1> { __device__ static int v(int x) { return x + 1; } };
+    __global__ void k(int* o) { o[threadIdx.x] = F<30>::v(threadIdx.x); }
+    """
+)
+
+
+def _processes(name: str) -> list[tuple[int, bytes]]:
+    """(pid, command line) of the running processes called ``name``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == name:
+                found.append((int(proc.name), (proc / "cmdline").read_bytes()))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def test_nvcc_whose_cicc_the_oom_killer_stopped_is_recognised(tmp_path: Path) -> None:
+    """nvcc only prints a bare "Killed" when cicc gets SIGKILL, as from the OOM killer on the H200 host."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    src = tmp_path / "slow_kernel.cu"
+    src.write_text(_SLOW_KERNEL)
+    build = subprocess.Popen(
+        [nvcc, "-c", str(src), "-o", str(tmp_path / "k.o")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    victim = None
+    deadline = time.monotonic() + 120
+    while victim is None and build.poll() is None and time.monotonic() < deadline:
+        victim = next((pid for pid, args in _processes("cicc") if str(src).encode() in args), None)
+        time.sleep(0.02)
+    assert victim is not None, "cicc finished before it could be killed"
+    os.kill(victim, signal.SIGKILL)
+    out, _ = build.communicate(timeout=120)
+    assert build.returncode != 0
+    found = killed_for_memory(f"  FAILED: [code=255] k.o\n{out}")
+    assert found == "FAILED: [code=255] k.o: Killed", out
 
 
 def _ninja_log_order(project: Path) -> list[str]:

@@ -49,8 +49,24 @@ def manifest(ws: Workspace) -> dict[str, object]:
 
 def test_full_example_lock_builds_installs_and_is_reused(workspace: Workspace, tmp_path: Path) -> None:
     ws = workspace
+    # The torch extension's build (pip, torch's import, g++) needs far more than this per job.
+    text = ws.lock.read_text()
+    ws.lock.write_text(
+        text.replace(
+            'build_requires = ["setuptools>=61", "torch"]\n',
+            'build_requires = ["setuptools>=61", "torch"]\nmem_per_job_gb = 0.05\n',
+            1,
+        )
+    )
     res = ws.doit("wheels")
     assert sorted(built_packages(res.stdout)) == sorted([*QUICK, "repro_torchext"])
+    warned = re.findall(
+        r"^warning: (\w+): its largest process used ([\d.]+) GB, more than mem_per_job_gb = 0.05 GB",
+        res.stdout,
+        flags=re.M,
+    )
+    assert [name for name, _ in warned] == ["repro_torchext"], res.stdout
+    assert "raise mem_per_job_gb for repro_torchext in the lock" in res.stdout
     doc = manifest(ws)
     wheels = {w["package"]: w for w in doc["wheels"]}  # type: ignore[attr-defined]
     assert set(wheels) == {"repro_pure", "repro_pybind", "repro_cuda", "repro_torchext"}
