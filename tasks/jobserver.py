@@ -200,7 +200,7 @@ def _fmt(version: tuple[int, ...] | None) -> str:
 #: Lines compilers and build drivers print when the kernel's OOM killer or an
 #: exhausted address space stopped them (gcc, nvcc's cicc/ptxas, the C++ runtime).
 #: A bare "Killed" is nvcc's: its shell prints it when the OOM killer SIGKILLs
-#: cicc or ptxas (FA3's full profile on the H200 host, 41 jobs at 23 GB each).
+#: cicc or ptxas (FA3's full profile on the H200 host: 41 jobs, cicc at up to 22 GB).
 _OOM = re.compile(
     r"died due to signal 9|Killed signal terminated program|internal compiler error: Killed"
     r"|virtual memory exhausted|out of memory allocating|std::bad_alloc|Cannot allocate memory"
