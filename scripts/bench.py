@@ -46,8 +46,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -233,15 +233,23 @@ def critical_paths(trace: dict[str, Any]) -> dict[str, float]:
     return paths
 
 
-def shard_figures(
-    args: argparse.Namespace,
-    work: Path,
-    env: dict[str, str],
-    log: Path,
-    names: list[str],
-    result: dict[str, Any],
-    cold_wheels: dict[str, Any],
-) -> None:
+@dataclass(frozen=True)
+class Bench:
+    """What the steps of one benchmark run share: its options, scratch directory, environment, log and result."""
+
+    args: argparse.Namespace
+    work: Path
+    env: dict[str, str]
+    log: Path
+    names: list[str]
+    result: dict[str, Any]
+
+    def save(self) -> None:
+        if self.args.out:
+            self.args.out.write_text(json.dumps(self.result, indent=2) + "\n")
+
+
+def shard_figures(bench: Bench, cold_wheels: dict[str, Any]) -> None:
     """N shards, each in an empty workspace (as on its own machine), then the assembly.
 
     Each shard runs `doit wheels shard=i/N remote=URL remote_write=on` with
@@ -259,6 +267,7 @@ def shard_figures(
     """
     from cache_server import CacheServer
 
+    args, work, env, log, names, result = bench.args, bench.work, bench.env, bench.log, bench.names, bench.result
     n = args.shards
     server = CacheServer(work / "shard-remote").start()
     try:
@@ -384,19 +393,12 @@ class Verify:
         print(f"doit verify ({what}): exit {code} in {wall} s; report in {self.log}", flush=True)
 
 
-def plain_baseline(
-    args: argparse.Namespace,
-    work: Path,
-    env: dict[str, str],
-    log: Path,
-    names: list[str],
-    result: dict[str, Any],
-    began: float,
-    save: Callable[[], None],
-) -> None:
+def plain_baseline(bench: Bench, began: float) -> None:
     """Plain builds of the same patched trees, one after another, no cache."""
     from tasks.build import build_env
     from tasks.context import Context
+
+    args, work, env, log, names, result = bench.args, bench.work, bench.env, bench.log, bench.names, bench.result
 
     order = args.baseline_order.split(",") if args.baseline_order else names
     for name in order:
@@ -415,7 +417,7 @@ def plain_baseline(
         tree = tree / pkg.subdir if pkg.subdir else tree
         out = work / "plain" / name
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(out), str(tree)]
-        jobs = args.jobs or cores()  # plain builds: one package at a time, all cores
+        jobs = args.jobs or result["host"]["cpus"]  # plain builds: one package at a time, all cores
         plog = work / f"plain-{name}.log"
         wall, cpu, mem, code = run_until(cmd, cwd=tree, env=build_env(ctx, pkg, jobs), log=plog, deadline=deadline)
         base_total += wall
@@ -429,7 +431,7 @@ def plain_baseline(
         ref_cold = result["packages"][name].get("reference_cold_wall_s")
         beside = f"; cold build in the reference run: {ref_cold} s" if ref_cold is not None else ""
         print(f"plain {name}: {wall:.1f} s wall, {cpu:.0f} s CPU ({state}){beside}; log {plog}", flush=True)
-        save()
+        bench.save()
     result["plain_total_s"] = round(base_total, 1)
 
 
@@ -506,9 +508,8 @@ def main() -> int:
         "packages": {n: {} for n in names},
     }
 
-    def save() -> None:
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
+    bench = Bench(args, work, env, log, names, result)
+    save = bench.save
 
     try:
         gpu = subprocess.run(
@@ -543,12 +544,12 @@ def main() -> int:
             result["stack"] = {"cold_wall_s": ref["stack"].get("cold_wall_s")}
         result["cold_total_s"] = ref.get("cold_total_s")
         if args.shards:
-            shard_figures(args, work, env, log, names, result, cold_wheels)
+            shard_figures(bench, cold_wheels)
             save()
         # The assembled wheelhouse, checked after the shards (beside the plain builds, as without --reference).
         verifier = Verify(args, work / f"shard-assemble-{args.shards}", work, env) if args.verify else None
         if args.baseline:
-            plain_baseline(args, work, env, log, names, result, began, save)
+            plain_baseline(bench, began)
         if verifier is not None:
             verifier.finish(result, "the assembled wheelhouse")
         save()
@@ -712,10 +713,10 @@ def main() -> int:
     if verifier is not None and not args.baseline and not args.shards:
         verifier.proc.wait()
     if args.shards:
-        shard_figures(args, work, env, log, names, result, cold_wheels)
+        shard_figures(bench, cold_wheels)
         save()
     if args.baseline:
-        plain_baseline(args, work, env, log, names, result, began, save)
+        plain_baseline(bench, began)
     if verifier is not None:
         verifier.finish(result, "the wheelhouse")
     if server is not None:
