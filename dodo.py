@@ -5,6 +5,7 @@ Run ``doit list`` for the tasks; the README documents every variable.
 
 from tasks import console
 from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
+    claim_workspace,
     task_build,
     task_bundle,
     task_export,
@@ -21,6 +22,7 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
 )
 
 console.install()  # whole lines on the console while tasks run in threads
+claim_workspace()  # one run at a time per workspace, before doit opens its database (tasks/workspace.py)
 
 DOIT_CONFIG = {
     "default_tasks": ["wheels"],

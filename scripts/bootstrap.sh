@@ -1,19 +1,51 @@
 #!/usr/bin/env bash
 # Create .venv with this project's pinned dependencies, the example lock's build
 # requirements and the test tools. The venv sees the system's site-packages, so
-# a host's own torch and CUDA wheels (a GPU host's) stay in use; where no torch
-# is importable, the CPU build of torch 2.13.0 is installed.
+# a host's own torch and CUDA wheels (a GPU host's) stay in use.
+#
+# torch: an importable one is kept. Otherwise torch 2.13.0 is installed only where
+# that costs little: when the index pip is configured with offers a CPU build of it
+# (pip's dry run tells which file it would take, without downloading it), or when
+# CI=true (the torch-extension tests need it). PyPI itself offers only the CUDA build
+# (about 5 GB with the CUDA libraries it pulls in): then nothing is installed, one
+# line says so, and the example lock's torch extension is left out of the quickstart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+say() { echo "bootstrap: $*" >&2; }
+command -v git >/dev/null || { say "git is required (apt-get install git)"; exit 1; }
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    say "Python >= 3.11 is required ($PY is $("$PY" -V 2>&1)); set PYTHON=python3.11 or newer"; exit 1; }
 if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv --system-site-packages .venv
+  "$PY" -m venv --system-site-packages .venv || {
+    say "cannot create the venv: install your distribution's venv module (apt-get install python3-venv)"; exit 1; }
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[example,test]'
-if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0'
+PIP=(.venv/bin/python -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q -e '.[example,test]'
+
+is_ci() { case "$(printf %s "${CI:-}" | tr '[:upper:]' '[:lower:]')" in 1|true|yes|on) return 0 ;; esac; return 1; }
+TORCH="torch==2.13.0"
+if .venv/bin/python -c 'import torch' 2>/dev/null; then
+  say "torch $(.venv/bin/python -c 'import torch; print(torch.__version__)') (already installed)"
+elif is_ci; then
+  say "installing $TORCH (CI: the torch-extension tests need it)"
+  "${PIP[@]}" install -q "$TORCH"
+else
+  # The file pip would install, from its dry run's report (no download of the wheel itself).
+  url=$("${PIP[@]}" install -q --dry-run --no-deps --ignore-installed --report - "$TORCH" 2>/dev/null |
+        .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["install"][0]["download_info"]["url"])' \
+        2>/dev/null || true)
+  case "$url" in
+    *%2Bcpu*|*+cpu*)
+      say "installing $TORCH, CPU build (${url##*/})"
+      "${PIP[@]}" install -q "$TORCH" ;;
+    *)
+      say "torch not installed: your package index offers ${url:+only }${url:-no} build of $TORCH${url:+ with CUDA (${url##*/}; about 5 GB with its CUDA libraries)}."
+      say "  The example's torch extension (repro_torchext) is left out. To build it too: .venv/bin/python -m pip install torch" ;;
+  esac
 fi
-command -v git >/dev/null || { echo "bootstrap: git is required (apt-get install git)" >&2; exit 1; }
-command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || \
-  echo "bootstrap: warning: nvcc not found; the CUDA fixture and the real stack need a CUDA toolkit" >&2
-echo "bootstrap: ready (.venv/bin/python -m doit)"
+if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  say "no nvcc: the example's CUDA extension (repro_cuda) is left out; the real stack needs a CUDA toolkit"
+  say "  (bash examples/quickstart.sh --hermetic builds it with nvcc from PyPI wheels instead: about 150 MB)"
+fi
+say "ready: source .venv/bin/activate, then doit list (or .venv/bin/doit ... without activating)"

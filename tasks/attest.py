@@ -48,8 +48,9 @@ def files(ctx: Context, records: Sequence[WheelRecord]) -> dict[str, str]:
     """``wheels/``-relative path -> content of the SBOM and the provenance statements."""
     from tasks import sbom  # cyclonedx takes a while to import: only when writing
 
-    by_name = {p.name: p for p in ctx.packages}
-    patches = {pkg.name: patch_files(ctx, pkg) for pkg in ctx.packages}
+    active = ctx.active
+    by_name = {p.name: p for p in active}
+    patches = {pkg.name: patch_files(ctx, pkg) for pkg in active}
     out: dict[str, str] = {}
     for rec in records:
         pkg = by_name[rec.package]
@@ -71,14 +72,14 @@ def files(ctx: Context, records: Sequence[WheelRecord]) -> dict[str, str]:
             builder_version=tool_version(),
         )
         out[f"{provenance.DIRECTORY}/{rec.filename}{provenance.SUFFIX}"] = provenance.render(statement)
-    used = {name for pkg in ctx.packages for name in pkg.source_names()}
-    extras = sorted({e for pkg in ctx.packages for e in pkg.toolchain_extras})
+    used = {name for pkg in active for name in pkg.source_names()}
+    extras = sorted({e for pkg in active for e in pkg.toolchain_extras})
     bom = sbom.build_bom(
         records=records,
-        packages=ctx.packages,
+        packages=active,
         sources={name: src for name, src in ctx.lock.sources.items() if name in used},
         patches=patches,
-        fingerprint=toolchain.fingerprint(ctx.toolchain, extras=extras, cuda=any(p.cuda for p in ctx.packages)),
+        fingerprint=toolchain.description(ctx.toolchain, extras=extras, cuda=any(p.needs_cuda for p in active)),
         nvcc_release=toolchain.nvcc_release(ctx.toolchain),
         lock=str(ctx.lock.path),
         lock_sha256=ctx.lock.sha256,

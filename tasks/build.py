@@ -13,21 +13,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import builder, docker, ninjaorder, objcache, proc, reproducible
+from tasks import builder, docker, ninjaorder, objcache, proc, reproducible, toolchain, workspace
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
 from tasks.jobserver import killed_for_memory
 from tasks.lockfile import Package
-from tasks.sources import ensure_source
+from tasks.sources import verified_source
 from tasks.stage import stage_package
-from tasks.timeline import Outcome, Progress, Unit, parse_ninja_log
+from tasks.timeline import Outcome, Progress, Unit, interval_union, parse_ninja_log, read_waits
 from tasks.wheelnorm import DEFAULT_EPOCH, normalize_wheel
 
 #: Builds cannot reach the network: proxies point at a closed port on loopback.
@@ -36,6 +36,7 @@ CLOSED_PROXY = "http://127.0.0.1:9"
 
 def build_env(ctx: Context, pkg: Package, jobs: int) -> dict[str, str]:
     env = ctx.host_env()  # with the hermetic toolchain's CUDA, when the lock pins one
+    env = toolchain.cuda_env(env, ctx.toolchain)  # nvcc by its resolved path, whatever PATH reached it
     env.update(ctx.recipe_env(pkg))
     for name in pkg.jobs_env:
         env[name] = str(jobs)
@@ -60,7 +61,7 @@ def source_trees(ctx: Context, pkg: Package) -> dict[str, Path]:
     trees = {}
     for name in pkg.source_names():
         src = ctx.lock.sources[name]
-        trees[name] = ensure_source(
+        trees[name] = verified_source(
             src,
             cache=ctx.cache,
             mirror=ctx.settings.mirror,
@@ -94,6 +95,8 @@ class Compiled:
     wheel: Path
     usage: proc.Usage
     objects: objcache.Stats
+    #: (start, end) wall-clock seconds the build waited for job slots that other builds held
+    waits: tuple[tuple[float, float], ...] = ()
 
 
 def compile_wheel(
@@ -104,7 +107,7 @@ def compile_wheel(
     out: Path,
     log: Path,
     jobs: int,
-    on_line: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     object_cache: bool = True,
 ) -> Compiled:
     """Stage ``pkg`` at ``stage_dir`` and build its normalised wheel into ``out``; the caller removes the stage.
@@ -124,7 +127,7 @@ def compile_wheel(
         cmd = builder.container_command(
             ctx.builder, wheel_command(pkg, str(raw), str(build_dir)), mounts=mounts, workdir=build_dir, env=env
         )
-        usage = run_build(cmd, env=docker.client_env(), cwd=stage_dir, log=log, pkg=pkg, on_line=on_line)
+        usage = run_build(cmd, env=docker.client_env(), cwd=stage_dir, log=log, pkg=pkg, progress=progress)
         return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, objects=objcache.Stats(0, 0))
     place = reproducible.placement(pkg.name, stage_dir)
     cmd = wheel_command(pkg, str(raw), place.path(build_dir))
@@ -142,9 +145,16 @@ def compile_wheel(
     stats_log.unlink(missing_ok=True)
     if objects is not None:
         env = objects.env(env, stats_log=stats_log)
-    with server.slot(server.tokens_for(jobs)):
-        usage = run_build(place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, on_line=on_line)
-    return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, objects=objcache.stats(stats_log))
+    waits = out / "waits.log"
+    env["REPRO_WAIT_LOG"] = str(waits)
+    with server.slot(server.tokens_for(jobs), wait_log=waits):
+        usage = run_build(place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, progress=progress)
+    return Compiled(
+        wheel=_normalised(raw, out, pkg, log),
+        usage=usage,
+        objects=objcache.stats(stats_log),
+        waits=tuple(read_waits(waits)),
+    )
 
 
 def _normalised(raw: Path, out: Path, pkg: Package, log: Path) -> Path:
@@ -178,7 +188,7 @@ def build_package(ctx: Context, pkg: Package) -> WheelEntry:
 def _restore_or_build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> WheelEntry:
     """Called with the key's lock held and no local entry."""
     if ctx.remote is not None:
-        entry = ctx.remote.restore(ctx.cache, pkg.name, key)
+        entry = ctx.remote.restore(ctx.cache, pkg.name, key, distribution=pkg.distribution_name)
         if entry is not None:
             ctx.record(Outcome(package=pkg.name, status="restored"))
             return entry
@@ -197,9 +207,10 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
     print(f"build {pkg.name} (key {key[:12]}, {jobs} jobs), log: {log}", flush=True)
     started, wall_start = time.monotonic(), time.time()
     progress = Progress(pkg.name, lambda line: print(line, flush=True))
+    workspace.tree(stage_dir, live=True)
     try:
-        with ctx.cache.staging(f"out-{pkg.name}") as out:
-            built = compile_wheel(ctx, pkg, stage_dir=stage_dir, out=out, log=log, jobs=jobs, on_line=progress.feed)
+        with ctx.cache.staging(f"out-{pkg.name}") as out, progress:
+            built = compile_wheel(ctx, pkg, stage_dir=stage_dir, out=out, log=log, jobs=jobs, progress=progress)
             norm, usage, (hits, misses, remote_failed) = built.wheel, built.usage, built.objects
             seconds = round(time.monotonic() - started, 3)
             entry = ctx.cache.put_wheel(
@@ -230,11 +241,13 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 units=units,
                 object_hits=hits,
                 object_misses=misses,
+                wait_s=interval_union(built.waits, wall_start, wall_start + seconds),
             )
         )
     finally:
         if os.environ.get("REPRO_KEEP_STAGE", "") in ("", "0"):
             rmtree(stage_dir)
+            workspace.tree(stage_dir, live=False)
     print(
         f"built {pkg.name} in {seconds:.1f}s (CPU {usage.cpu_seconds:.0f}s, largest process "
         f"{usage.max_rss_mb:.0f} MB, object cache {hits} hits / {misses} misses): {entry.path.name}",
@@ -269,13 +282,29 @@ def run_build(
     cwd: Path,
     log: Path,
     pkg: Package,
-    on_line: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> proc.Usage:
     """Run the build command; a compiler killed for memory is reported as that, not as a compile error."""
     try:
-        return proc.run(cmd, env=env, cwd=cwd, log=log, error=BuildError, what=f"build of {pkg.name}", on_line=on_line)
+        return proc.run(
+            cmd,
+            env=env,
+            cwd=cwd,
+            log=log,
+            error=BuildError,
+            what=f"build of {pkg.name}",
+            on_line=progress.feed if progress else None,
+            on_start=progress.started if progress else None,
+        )
     except BuildError as exc:
-        line = killed_for_memory(log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
+        if "No space left on device" in text:
+            raise BuildError(
+                f"build of {pkg.name} ran out of disk space (No space left on device): free space where the cache "
+                f"({ctx_cache_hint(log)}) and the build directory are, or point cache=/builddir= at another disk, "
+                f"and rerun; nothing partial was kept. Log: {log}"
+            ) from None
+        line = killed_for_memory(text)
         if line is None:
             raise
         raise BuildError(
@@ -283,6 +312,12 @@ def run_build(
             f"Its jobs need more than mem_per_job_gb = {pkg.mem_per_job_gb:g} GB each: raise mem_per_job_gb for "
             f"{pkg.name} in the lock, or lower jobs= / mem= for this run.\n{exc}"
         ) from None
+
+
+def ctx_cache_hint(log: Path) -> str:
+    """The directories a build's ENOSPC may come from, as its log names them (for the message)."""
+    m = re.search(r"-w (\S+)/tmp/", log.read_text(errors="replace"))
+    return f"cache={m.group(1)}" if m else "cache="
 
 
 def ninja_units(tree: Path, build_start: float) -> list[Unit]:

@@ -15,15 +15,17 @@ already) holding one directory::
 and ``<bundle>.sha256`` beside it for checking the transfer. Entries are
 sorted, with fixed times and owners, so the same inputs give the same bundle.
 
-`doit unbundle` extracts into a temporary directory (tarfile's ``data``
-filter: no absolute paths, links out of the tree or device files), checks
-that the files are exactly those SHA256SUMS lists with exactly those hashes,
-and only then renames the directory into place; an altered bundle is refused
-and leaves nothing behind.
+`doit unbundle` checks every member before anything is written (only regular
+files and directories, all under ``reprostack-bundle/``: no links, devices,
+absolute names or ``..``), compares the file list with SHA256SUMS, then streams
+each file into a private temporary directory while hashing it, stops at the
+first that differs, and only then renames the directory into place; an altered
+bundle is refused and leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tasks import members
 from tasks.cache import rmtree, write_atomic
 from tasks.errors import BundleError
 from tasks.treehash import file_sha256
@@ -147,6 +150,16 @@ def check_transfer(bundle: Path) -> str | None:
     return expected
 
 
+def _problems(listed: dict[str, str], present: set[str]) -> list[str]:
+    problems = [f"missing: {rel}" for rel in sorted(set(listed) - present)]
+    return problems + [f"not listed in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
+
+
+def _refuse(problems: list[str]) -> BundleError:
+    shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+    return BundleError(f"the bundle was altered or is incomplete; nothing was unpacked:\n  {shown}")
+
+
 def verify_tree(top: Path) -> int:
     """Check that the files under ``top`` are exactly those SHA256SUMS lists, with those hashes; the count."""
     sums_file = top / SUMS
@@ -154,19 +167,54 @@ def verify_tree(top: Path) -> int:
         raise BundleError(f"the bundle has no {TOP}/{SUMS}; refusing it")
     listed = parse_sums(sums_file.read_text())
     present = {p.relative_to(top).as_posix() for p in _files(top)} - {SUMS}
-    problems = [f"missing: {rel}" for rel in sorted(set(listed) - present)]
-    problems += [f"not listed in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
+    problems = _problems(listed, present)
     problems += [
         f"sha256 differs: {rel}" for rel in sorted(set(listed) & present) if file_sha256(top / rel) != listed[rel]
     ]
     if problems:
-        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
-        raise BundleError(f"the bundle was altered or is incomplete; nothing was unpacked:\n  {shown}")
+        raise _refuse(problems)
     return len(listed)
 
 
+def _checked_members(tar: tarfile.TarFile, bundle: Path) -> list[tuple[tarfile.TarInfo, str]]:
+    """(member, path under TOP) of every regular file, after checking every member; nothing is written."""
+    infos = tar.getmembers()
+    kinds = [
+        members.Member(
+            name=i.name,
+            kind=members.FILE
+            if i.isreg()
+            else members.DIRECTORY
+            if i.isdir()
+            else members.SYMLINK
+            if i.issym()
+            else "hard link or special file",
+            target=i.linkname,
+            mode=i.mode,
+        )
+        for i in infos
+    ]
+    try:
+        checked = members.check(kinds, links=False)
+    except members.UnsafeMember as exc:
+        raise BundleError(f"{bundle}: refused, nothing was unpacked: member {exc}") from None
+    files = []
+    for info, member in zip(infos, checked, strict=True):
+        if member.name != TOP and not member.name.startswith(TOP + "/"):
+            raise BundleError(f"{bundle}: entries outside {TOP}/; refusing it")
+        if member.kind == members.FILE:
+            files.append((info, member.name[len(TOP) + 1 :]))
+    return files
+
+
 def unpack(bundle: Path, dest: Path) -> dict[str, Any]:
-    """Verify ``bundle`` and unpack it to ``dest`` (which must not exist); return its BUNDLE.json."""
+    """Verify ``bundle`` and unpack it to ``dest`` (which must not exist); return its BUNDLE.json.
+
+    Every member is checked (only files and directories under the bundle's top directory) and the
+    file list compared with SHA256SUMS before anything is written; each file's bytes are hashed as
+    they stream into a private temporary directory beside ``dest`` and the unpacking stops at the
+    first that differs. Only a complete, verified tree is renamed to ``dest``.
+    """
     if not bundle.is_file():
         raise BundleError(f"{bundle}: no such bundle file")
     if dest.exists():
@@ -177,16 +225,34 @@ def unpack(bundle: Path, dest: Path) -> dict[str, Any]:
     try:
         try:
             with tarfile.open(bundle, "r:") as tar:
-                names = tar.getnames()
-                if any(n != TOP and not n.startswith(TOP + "/") for n in names):
-                    raise BundleError(f"{bundle}: entries outside {TOP}/; refusing it")
-                tar.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError) as exc:
+                files = _checked_members(tar, bundle)
+                sums_member = next((info for info, rel in files if rel == SUMS), None)
+                if sums_member is None:
+                    raise BundleError(f"the bundle has no {TOP}/{SUMS}; refusing it")
+                sums = tar.extractfile(sums_member)
+                assert sums is not None
+                listed = parse_sums(sums.read().decode("utf-8", "replace"))
+                problems = _problems(listed, {rel for _info, rel in files} - {SUMS})
+                if problems:
+                    raise _refuse(problems)
+                for info, rel in files:
+                    target = tmp / TOP / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    source = tar.extractfile(info)
+                    assert source is not None
+                    digest = hashlib.sha256()
+                    with source, target.open("xb") as out:
+                        while chunk := source.read(1 << 20):
+                            digest.update(chunk)
+                            out.write(chunk)
+                    if rel != SUMS and digest.hexdigest() != listed[rel]:
+                        raise _refuse([f"sha256 differs: {rel}"])
+                    os.chmod(target, 0o755 if info.mode & 0o100 else 0o644)
+            top = tmp / TOP
+            doc: dict[str, Any] = json.loads((top / "BUNDLE.json").read_text())
+        except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
             raise BundleError(f"{bundle}: not a readable bundle ({exc}); nothing was unpacked") from None
-        top = tmp / TOP
-        count = verify_tree(top)
-        doc: dict[str, Any] = json.loads((top / "BUNDLE.json").read_text())
-        doc["verified_files"] = count
+        doc["verified_files"] = len(listed)
         os.replace(top, dest)
         return doc
     finally:

@@ -125,12 +125,16 @@ class Cache:
     @contextlib.contextmanager
     def staging(self, prefix: str) -> Iterator[Path]:
         """A fresh temporary directory in the cache, removed unless moved away."""
+        from tasks import workspace
+
         self.ensure()
         tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}.", dir=self.root / "tmp"))
+        workspace.tree(tmp, live=True)  # removed by the next run, should this one be killed
         try:
             yield tmp
         finally:
             rmtree(tmp)
+            workspace.tree(tmp, live=False)
 
     def publish_dir(self, tmp: Path, final: Path) -> None:
         """Move a completed directory into place; a concurrent winner is kept."""

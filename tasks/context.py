@@ -24,7 +24,7 @@ from tasks.keys import action_key, key_document
 from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
 from tasks.objcache import ObjectCache
 from tasks.remote import Remote
-from tasks.settings import Settings, load_settings
+from tasks.settings import WORKSPACE_FILE, Settings, load_settings
 from tasks.timeline import Outcome
 from tasks.treehash import file_sha256
 
@@ -39,10 +39,13 @@ class Context:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _jobserver: JobServer | None = None
     _objcache: ObjectCache | bool | None = False  # False: not set up yet
+    _skipped: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, doit_vars: dict[str, str] | None = None) -> Context:
         settings = load_settings(doit_vars)
+        if "lock" in settings.from_workspace:
+            print(f"lock: {settings.lock} (from {WORKSPACE_FILE}; lock=PATH overrides it)", file=sys.stderr, flush=True)
         lock = load_lock(settings.lock, require_pins=False)
         lock.resolve(settings.profile)  # reject an unknown profile now
         return cls(settings=settings, lock=lock, cache=Cache(settings.cache))
@@ -89,19 +92,56 @@ class Context:
         return Remote(s.remote, write=s.remote_write, timeout=s.remote_timeout) if s.remote else None
 
     def host_env(self) -> dict[str, str]:
-        """This process's environment, the hermetic toolchain (when the lock has one) in place of the host's CUDA."""
+        """This process's environment for builds and the toolchain probe.
+
+        The running interpreter's bin directory goes first on PATH when it is a venv's, so that
+        `.venv/bin/doit` and an activated venv find the same tools (the venv's pinned ninja),
+        and the hermetic toolchain (when the lock has one) replaces the host's CUDA.
+        """
         env = dict(os.environ)
+        env["PATH"] = interpreter_path(env.get("PATH", os.defpath))
         return self.hermetic.env(env) if self.hermetic is not None else env
 
     @cached_property
     def toolchain(self) -> dict[str, Any]:
-        """The probed toolchain (this host's, the hermetic one or the builder image's), checked against the lock."""
+        """The probed toolchain (this host's, the hermetic one or the builder image's), checked against the lock.
+
+        Here only what every package needs (the Python); torch and nvcc are checked for the
+        packages that need them (:meth:`skipped`, :meth:`key`).
+        """
         if self.builder is None or self.hermetic is not None:  # (self.hermetic refuses a builder)
             info = toolchain.detect(self.cache, self.host_env())
         else:
             info = builder_mod.detect(self.cache, self.builder)
-        toolchain.check_expectations(self.lock.toolchain, info, lock=self.lock.path)
+        toolchain.check_expectations(self.lock.toolchain, info, lock=self.lock.path, torch=False, cuda=False)
         return info
+
+    def missing(self, pkg: Package) -> str:
+        """What the toolchain lacks for ``pkg`` ('' when nothing): unmet [toolchain] lines or build requirements."""
+        info = self.toolchain
+        problems = toolchain.toolchain_problems(self.lock.toolchain, info, torch=pkg.needs_torch, cuda=pkg.needs_cuda)
+        if pkg.needs_cuda and not self.lock.toolchain.cuda and not info["tools"].get("nvcc_path"):
+            problems.append("nvcc not found; put it on PATH or set CUDA_HOME")
+        if not problems:
+            try:
+                toolchain.check_build_requires(pkg.build_requires, info, package=pkg.name)
+            except ToolchainError as exc:
+                problems.append(exc.message)
+        return "; ".join(problems)
+
+    def skipped(self, pkg: Package) -> str:
+        """Why an optional package is left out of this run ('' when it builds); see Package.optional."""
+        if not pkg.optional:
+            return ""
+        # Not under self._lock: jobserver() holds it while it asks which packages build.
+        if pkg.name not in self._skipped:
+            self._skipped[pkg.name] = self.missing(pkg)
+        return self._skipped[pkg.name]
+
+    @property
+    def active(self) -> tuple[Package, ...]:
+        """The profile's packages this run builds: all of them but optional ones the host cannot build."""
+        return tuple(p for p in self.packages if not self.skipped(p))
 
     def patches(self, pkg: Package) -> list[tuple[str, Path]]:
         return [(p, self.lock.patch_path(pkg.name, p)) for p in pkg.patches]
@@ -110,12 +150,20 @@ class Context:
         """The action key of ``pkg`` and the document it hashes."""
         if pkg.name not in self._keys:
             info = self.toolchain
+            toolchain.check_expectations(
+                self.lock.toolchain,
+                info,
+                lock=self.lock.path,
+                package=pkg.name,
+                torch=pkg.needs_torch,
+                cuda=pkg.needs_cuda,
+            )
             requires = toolchain.check_build_requires(pkg.build_requires, info, package=pkg.name)
             doc = key_document(
                 pkg,
                 sources=self.lock.sources,
                 patches=[(name, file_sha256(path)) for name, path in self.patches(pkg)],
-                toolchain=toolchain.fingerprint(info, extras=pkg.toolchain_extras, cuda=pkg.cuda),
+                toolchain=toolchain.fingerprint(info, extras=pkg.toolchain_extras, cuda=pkg.needs_cuda),
                 archs=self.lock.toolchain.archs,
                 build_requires=requires,
                 reproducible=reproducible.key_section(reproducible.method(), nvcc_seed=self.nvcc_seed),
@@ -145,7 +193,7 @@ class Context:
         with self._lock:
             if self._jobserver is None:
                 named = requested_builds(sys.argv[1:], {p.name for p in self.packages})
-                building = [p for p in self.packages if not self._cached(p) and (named is None or p.name in named)]
+                building = [p for p in self.active if not self._cached(p) and (named is None or p.name in named)]
                 mem = self.settings.mem_gb
                 source = "budget (mem=)"
                 if mem is None:
@@ -158,7 +206,7 @@ class Context:
                     mem_source=source,
                 )
                 self._jobserver = JobServer(
-                    budget.slots, self.settings.builddir.absolute() / "jobserver", search_path=os.environ["PATH"]
+                    budget.slots, self.settings.builddir.absolute() / "jobserver", search_path=self.host_env()["PATH"]
                 )
                 print(f"job budget: {budget.slots} ({budget.reason}); {self._jobserver.describe()}", flush=True)
             return self._jobserver
@@ -174,7 +222,7 @@ class Context:
                         self.cache.objects,
                         max_size=self.settings.objcache_size,
                         work=self.settings.builddir.absolute() / "objcache",
-                        search_path=os.environ["PATH"],
+                        search_path=self.host_env()["PATH"],
                         remote=remote,
                         remote_write=self.settings.remote_write,
                         remote_timeout=self.settings.remote_timeout,
@@ -214,6 +262,22 @@ class Context:
         if mem is not None:
             jobs = min(jobs, max(1, int(mem // pkg.mem_per_job_gb)))
         return jobs
+
+
+def interpreter_path(path: str) -> str:
+    """``path`` with the running interpreter's directory first, when that interpreter is a venv's.
+
+    Started as `.venv/bin/doit` (or `.venv/bin/python -m doit`) without activating the venv, a
+    run would otherwise find the system's tools (ninja 1.11 where the venv pins 1.13) and a
+    different toolchain; activated, the directory is first already, so both give one PATH.
+    """
+    if sys.prefix == sys.base_prefix:
+        return path
+    here = os.path.dirname(sys.executable)
+    entries = [e for e in path.split(os.pathsep) if e]
+    if entries[:1] == [here]:
+        return path
+    return os.pathsep.join([here, *entries])
 
 
 def available_memory_gb() -> float | None:

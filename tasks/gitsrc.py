@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin
 
-from tasks import proc
+from tasks import members, proc
 from tasks.errors import FetchError, LockError, VerificationError
+from tasks.pypi import TIMEOUT
 from tasks.treehash import FileFilter
 
 
@@ -31,7 +33,19 @@ class TreeItem:
 def git_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="true", LC_ALL="C")
+    # A server that accepts the connection and then stops sending: git gives up after TIMEOUT s
+    # without data (curl's low-speed limit), as HTTP downloads do (tasks/pypi.py).
+    env.update(GIT_HTTP_LOW_SPEED_LIMIT="1", GIT_HTTP_LOW_SPEED_TIME=str(max(1, round(TIMEOUT))))
     return env
+
+
+#: The most a git command may take in all, however it goes (a safety net behind the low-speed limit).
+GIT_DEADLINE = 3 * 3600.0
+_STALLED = re.compile(r"Operation too slow|Operation timed out|Connection timed out|timed out after")
+
+
+def _stalled(log: Path) -> bool:
+    return bool(_STALLED.search(proc.tail(log, 20)))
 
 
 def url_hash(url: str) -> str:
@@ -84,8 +98,14 @@ def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
             log=log,
             error=FetchError,
             what=f"git fetch {url} {commit}",
+            timeout=GIT_DEADLINE,
         )
-    except FetchError:
+    except FetchError as exc:
+        if _stalled(log):
+            raise FetchError(
+                f"git fetch {url}: the server stopped sending: no data for {TIMEOUT:g} s (REPRO_NET_TIMEOUT); "
+                f"check the URL and your network, or use mirror=DIR\n{exc.message}"
+            ) from None
         # Dumb-HTTP and restrictive servers: fetch every branch and tag instead.
         proc.run(
             [
@@ -102,6 +122,7 @@ def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
             log=log,
             error=FetchError,
             what=f"git fetch {url}",
+            timeout=GIT_DEADLINE,
         )
     if not _has_commit(repo, commit):
         raise FetchError(f"{url}: commit {commit} not found on the server (is the pin right? was history rewritten?)")
@@ -114,6 +135,7 @@ def resolve_ref(url: str, ref: str) -> str:
         env=git_env(),
         error=LockError,
         what=f"git ls-remote {url}",
+        timeout=TIMEOUT * 2,
     ).decode()
     refs: dict[str, str] = {}
     for line in out.splitlines():
@@ -179,6 +201,23 @@ def submodule_urls(repo: Path, commit: str, super_url: str) -> dict[str, str]:
     return result
 
 
+def _read_blobs(repo: Path, shas: list[str]) -> list[bytes]:
+    """The contents of the blobs ``shas`` (symlink targets: small), in order."""
+    if not shas:
+        return []
+    out = _git(repo, "cat-file", "--batch", input="".join(f"{s}\n" for s in shas).encode(), what="git cat-file")
+    found, pos = [], 0
+    for _sha in shas:
+        end = out.index(b"\n", pos)
+        header = out[pos:end].split()
+        if len(header) != 3 or header[1] != b"blob":
+            raise FetchError(f"git cat-file: unexpected answer {header!r}")
+        size = int(header[2])
+        found.append(out[end + 1 : end + 1 + size])
+        pos = end + 1 + size + 1
+    return found
+
+
 def export_tree(
     repo: Path,
     commit: str,
@@ -212,6 +251,26 @@ def export_tree(
             blobs.append(item)
     if not blobs:
         return
+    # Check every path and link target before anything is written (tasks/members.py): a link out of the
+    # tree (to a host file, say) is refused here as it is in archives.
+    targets = dict(
+        zip(
+            (b.sha for b in blobs if b.mode == "120000"),
+            _read_blobs(repo, [b.sha for b in blobs if b.mode == "120000"]),
+            strict=True,
+        )
+    )
+    try:
+        members.check(
+            members.Member(
+                name=f"{prefix}{b.path}",
+                kind=members.SYMLINK if b.mode == "120000" else members.FILE,
+                target=targets.get(b.sha, b"").decode("utf-8", "surrogateescape"),
+            )
+            for b in blobs
+        )
+    except members.UnsafeMember as exc:
+        raise VerificationError(f"git tree {commit}: refused, nothing of it was used: member {exc}") from None
     # Stream every blob through one cat-file process.
     with subprocess.Popen(
         ["git", "--git-dir", str(repo), "cat-file", "--batch"],

@@ -21,10 +21,13 @@ git or a compiler while doit loads or lists tasks.
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import os
+import re
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +41,12 @@ from tasks.errors import BundleError, LockError, ReproError, debug_enabled
 from tasks.lockfile import format_problems
 
 TaskDict = dict[str, Any]
+
+#: What the line of a skipped optional package says about building it after all.
+SKIP_HINT = (
+    "It builds once the host has that (nvcc on PATH or CUDA_HOME; torch in this Python); without a CUDA "
+    "install, a lock with [toolchain.hermetic] builds with nvcc from PyPI wheels (docs/lock.md)"
+)
 
 #: Every task prints straight to the console, uncaptured. doit's capture swaps
 #: the process-wide sys.stdout for a per-action writer over a StringIO; with
@@ -59,7 +68,25 @@ def context() -> Context:
         raise SystemExit(exc.exit_code) from None
 
 
-#: The exit status an expected failure asked for (see :func:`exiting`); applied when the process ends.
+def claim_workspace() -> None:
+    """Take this workspace for the run before doit opens its state database (tasks/workspace.py)."""
+    from tasks import workspace
+    from tasks.settings import load_settings
+
+    try:
+        settings = load_settings()
+    except ReproError:
+        return  # the run reports it (context())
+    try:
+        note = workspace.claim(settings.builddir, sys.argv[1:])
+    except ReproError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    if note:
+        print(note, file=sys.stderr, flush=True)
+
+
+#: The exit status the first expected failure asked for (see :func:`guarded`); applied when the process ends.
 _exit_status: list[int] = []
 
 
@@ -74,35 +101,72 @@ def _exit_with_status() -> None:
 atexit.register(_exit_with_status)
 
 
-def _guard(fn: Callable[..., Any], *, own_status: bool) -> Callable[..., Any]:
+#: Expected failures already reported in this run: their text without the package's name -> the first one's.
+_reported: dict[str, str] = {}
+_reported_lock = threading.Lock()
+_SUBJECT = re.compile(r"^(?:package|source) \S+: ")
+
+
+def _once(message: str) -> str:
+    """``message``, or a pointer to the same error reported by an earlier task of this run.
+
+    Parallel tasks hit the same cause (no nvcc, no network, a torch the lock does not expect) at
+    once; the first says it in full, the others in one line.
+    """
+    subject = _SUBJECT.match(message)
+    core = message[subject.end() :] if subject else message
+    with _reported_lock:
+        first = _reported.setdefault(core, message)
+    if first is message:
+        return message
+    head = first.splitlines()[0]
+    return f"{subject.group(0) if subject else ''}the same error as above ({head[:120]})"
+
+
+def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            fn(*args, **kwargs)
+            try:
+                fn(*args, **kwargs)
+            except OSError as exc:  # the environment: a full disk, a path that is a file, no permission
+                raise environment_error(exc) from exc
         except ReproError as exc:
             if debug_enabled():
                 traceback.print_exc()
-            message = f"{exc.__class__.__name__}: {exc}"
-            if not own_status:
-                return TaskFailed(message)
+            message = f"{exc.__class__.__name__}: {_once(exc.message)}"
             # doit runs the task in a worker thread, where SystemExit would not
-            # end the process: fail the task, apply the status at exit.
+            # end the process: fail the task, apply the error's own status at exit
+            # (the first failure's, when several tasks fail).
             print(message, file=sys.stderr, flush=True)
-            _exit_status[:] = [exc.exit_code]
+            with _reported_lock:
+                if not _exit_status:
+                    _exit_status.append(exc.exit_code)
             return TaskFailed(f"{exc.__class__.__name__} (exit status {exc.exit_code}); the message is above")
         return None
 
     return wrapper
 
 
+def environment_error(exc: OSError) -> ReproError:
+    """One clear line for an operating-system error that reached a task (no traceback)."""
+    where = f": {exc.filename}" if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    hint = {
+        errno.ENOSPC: "free some space there (or point cache=/builddir=/wheels= at another disk) and rerun",
+        errno.EDQUOT: "free some space there (or point cache=/builddir=/wheels= at another disk) and rerun",
+        errno.ENOTDIR: "a path that should be a directory is a file: check cache=, builddir= and wheels=",
+        errno.EEXIST: "a path that should be a directory is a file: check cache=, builddir= and wheels=",
+        errno.EACCES: "that path is not writable for this user: choose another (cache=, builddir=, wheels=)",
+        errno.EROFS: "that file system is read-only: choose another place (cache=, builddir=, wheels=)",
+    }.get(exc.errno or 0, "check that path and rerun")
+    return ReproError(f"{reason}{where}; {hint}. Nothing partial was kept.")
+
+
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Report expected failures as a clean message (a traceback only with REPRO_DEBUG=1)."""
-    return _guard(fn, own_status=False)
-
-
-def exiting(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Like :func:`guarded`, but the message goes to stderr and doit exits with the error's own status."""
-    return _guard(fn, own_status=True)
+    """Report an expected failure as one clear message (a traceback only with REPRO_DEBUG=1) and make
+    doit exit with the error's own status (docs/tasks.md, "Exit statuses")."""
+    return _guard(fn)
 
 
 def _require_pins() -> None:
@@ -256,7 +320,15 @@ def _do_build(name: str) -> None:
 
     _require_pins()
     ctx = context()
-    build_package(ctx, ctx.package(name))
+    pkg = ctx.package(name)
+    why = ctx.skipped(pkg)
+    if why:
+        from tasks.timeline import Outcome
+
+        ctx.record(Outcome(package=name, status="skipped"))
+        print(f"skipped {name} (optional in {ctx.lock.path.name}): {why}. {SKIP_HINT}", flush=True)
+        return
+    build_package(ctx, pkg)
 
 
 @guarded
@@ -277,6 +349,9 @@ def _do_shard(names: list[str]) -> None:
     shard = ctx.settings.shard
     assert shard is not None
     for name in names:
+        if ctx.skipped(ctx.package(name)):
+            print(f"  {name}: skipped (see above)", flush=True)
+            continue
         entry = build_package(ctx, ctx.package(name))  # cached, restored or built by build:<name>
         print(f"  {name}: {entry.path.name}", flush=True)
     timeline.report(ctx.outcomes, names, ctx.settings.builddir / "trace.json")
@@ -301,7 +376,7 @@ def _do_verify() -> None:
     )
 
 
-@exiting
+@guarded
 def _do_repro() -> None:
     from tasks.repro import run_repro
 

@@ -306,7 +306,7 @@ def check_wheelhouse(ctx: Context, house: Wheelhouse) -> None:
         house,
         lock_sha256=ctx.lock.sha256,
         profile=ctx.settings.profile,
-        packages=[p.name for p in ctx.packages],
+        packages=[p.name for p in ctx.active],
         requirements=(house.root / "requirements.txt").read_text(),
     )
     if problems:

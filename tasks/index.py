@@ -8,9 +8,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 MANIFEST_FORMAT = 1
+
+
+def wheel_project(filename: str) -> str:
+    """The canonical project name of a wheel file name ('' when it is not one)."""
+    try:
+        return str(parse_wheel_filename(filename)[0])
+    except InvalidWheelFilename:
+        return ""
 
 
 @dataclass(frozen=True, kw_only=True)

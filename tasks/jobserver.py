@@ -30,6 +30,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,7 +68,10 @@ done
 # Longest unit first, from the package's last compile times (tasks/ninjaorder.py); never fatal.
 [ -n "$REPRO_UNIT_TIMES" ] && {python} -I {order} "$REPRO_UNIT_TIMES" "$@" >/dev/null 2>&1
 fifo={fifo}
+waited=$(date +%s%N)
 token=$(dd if="$fifo" bs=1 count=1 2>/dev/null)
+# When the build waited for its first slot (the build's summary separates waiting from building).
+[ -n "$REPRO_WAIT_LOG" ] && echo "$waited $(date +%s%N)" >>"$REPRO_WAIT_LOG"
 trap 'printf %s "$token" > "$fifo"; exit 143' TERM INT HUP
 {real} "$@"
 status=$?
@@ -170,15 +174,23 @@ class JobServer:
         return 0 if self.clients else max(1, min(jobs, self.slots))
 
     @contextmanager
-    def slot(self, count: int = 1) -> Iterator[None]:
-        """Hold ``count`` tokens (blocking until they are free) for the block's duration."""
+    def slot(self, count: int = 1, wait_log: Path | None = None) -> Iterator[None]:
+        """Hold ``count`` tokens (blocking until they are free) for the block's duration.
+
+        With ``wait_log``, the wait's start and end (ns since the epoch) are appended to it, as the
+        ninja shim does for its first token.
+        """
         taken = 0
+        waited = time.time_ns()
         try:
             # One gatherer at a time, so two builds each holding part of
             # what they need cannot wait on each other forever.
             with self._gather:
                 while taken < count:
                     taken += len(os.read(self._fd, count - taken))
+            if wait_log is not None and count:
+                with wait_log.open("a") as fh:
+                    fh.write(f"{waited} {time.time_ns()}\n")
             yield
         finally:
             if taken:

@@ -47,6 +47,8 @@ ENV_PLACEHOLDERS = (
     "cuda_home",
 )
 TOOLCHAIN_EXTRAS = ("cudnn",)
+#: Placeholders that come from the CUDA install: a package using one needs nvcc to be found.
+CUDA_PLACEHOLDERS = ("cuda_home",)
 
 
 # --------------------------------------------------------------------------- model
@@ -156,10 +158,31 @@ class Package:
     cuda: bool = False
     toolchain_extras: tuple[str, ...] = ()
     enabled: bool = True
+    #: The project name of the wheel it builds ('' = the package's name); two packages of one lock
+    #: never build the same distribution.
+    distribution: str = ""
+    #: Skipped, with one line saying why, where the host lacks what it needs (nvcc, torch),
+    #: instead of failing the run (the example lock's CUDA and torch fixtures); never for the real stack.
+    optional: bool = False
     verify: Verify = field(default_factory=Verify)
 
     def source_names(self) -> tuple[str, ...]:
         return (self.source, *(name for _, name in self.overlays))
+
+    @property
+    def distribution_name(self) -> str:
+        """The canonical project name of the wheel this package builds."""
+        return str(canonicalize_name(self.distribution or self.name))
+
+    @property
+    def needs_cuda(self) -> bool:
+        """Whether the build compiles CUDA or reads the CUDA install (nvcc, its headers)."""
+        return self.cuda or any(f"{{{ph}}}" in v for _, v in self.env for ph in CUDA_PLACEHOLDERS)
+
+    @property
+    def needs_torch(self) -> bool:
+        """Whether the build imports torch (its build requirements name it)."""
+        return any(canonicalize_name(Requirement(r).name) == "torch" for r in self.build_requires)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -446,6 +469,8 @@ PACKAGE_FIELDS = {
     "cuda": _Field(_is_bool),
     "toolchain_extras": _Field(_is_str_list),
     "enabled": _Field(_is_bool),
+    "optional": _Field(_is_bool),
+    "distribution": _Field(_is_str),
     "verify": _Field(_is_table),
 }
 VERIFY_FIELDS = {"imports": _Field(_is_str_list), "smoke": _Field(_is_str)}
@@ -494,7 +519,7 @@ BUILDER_FIELDS = {
     "python": _Field(_is_str),
 }
 # What a profile may override: everything but the identity of the sources.
-PROFILE_PACKAGE_FIELDS = {k: v for k, v in PACKAGE_FIELDS.items() if k != "source"}
+PROFILE_PACKAGE_FIELDS = {k: v for k, v in PACKAGE_FIELDS.items() if k not in ("source", "distribution")}
 
 
 def _suggest(word: str, options: Any) -> str:
@@ -864,6 +889,8 @@ def _package_from(name: str, entry: Mapping[str, Any]) -> Package:
         cuda=bool(entry.get("cuda", False)),
         toolchain_extras=tuple(entry.get("toolchain_extras", ())),
         enabled=bool(entry.get("enabled", True)),
+        optional=bool(entry.get("optional", False)),
+        distribution=entry.get("distribution", ""),
         verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
     )
 
@@ -883,6 +910,15 @@ def _parse_packages(p: _Problems, raw: Any, sources: Mapping[str, Any], patches_
             continue
         _check_package_values(p, where, name, entry, sources, patches_dir)
         out[name] = _package_from(name, entry)
+    builds: dict[str, str] = {}
+    for name, pkg in out.items():
+        first = builds.setdefault(pkg.distribution_name, name)
+        if first != name:
+            p.add(
+                f"packages.{name}",
+                f"builds the distribution {pkg.distribution_name!r}, as packages.{first} does; a wheelhouse holds "
+                "one wheel per distribution: remove one of them, or set `distribution` to the wheel's project name",
+            )
     return out
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks import workspace
 from tasks.errors import ReproError
 
 TAIL_LINES = 40
@@ -47,7 +48,8 @@ def install_interrupt_handler() -> None:
     """
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM: builds are not left running.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         previous = signal.getsignal(sig)
         if getattr(previous, "_repro_handler", False):
             continue
@@ -64,10 +66,11 @@ def install_interrupt_handler() -> None:
                 # logs and remove their temporary files, and doit stops for the failure.
                 # Raising here instead would end the process under them (doit's threads
                 # are daemons). A second signal, or the timer, exits at once.
-                sys.stderr.write(
-                    f"\ninterrupted: stopped {len(running)} running command(s), cleaning up"
-                    f" (signal again to exit now; forced in {FORCE_EXIT_AFTER:.0f} s)\n"
-                )
+                with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+                    sys.stderr.write(
+                        f"\ninterrupted: stopped {len(running)} running command(s), cleaning up"
+                        f" (signal again to exit now; forced in {FORCE_EXIT_AFTER:.0f} s)\n"
+                    )
                 timer = threading.Timer(FORCE_EXIT_AFTER, _thread.interrupt_main, args=(signum,))
                 timer.daemon = True
                 timer.start()
@@ -162,6 +165,8 @@ def run(
     what: str = "",
     on_line: Callable[[str], None] | None = None,
     stdout: Path | None = None,
+    on_start: Callable[[int], None] | None = None,
+    timeout: float | None = None,
 ) -> Usage:
     """Run ``cmd`` to completion, its output appended to ``log``.
 
@@ -195,6 +200,20 @@ def run(
             raise error(f"{label}: cannot start {cmd[0]!r}: {exc.strerror}") from None
         with _live_lock:
             _live.add(proc)
+        workspace.session(proc.pid, live=True)  # for the next run, should this one be killed
+        if on_start is not None:
+            on_start(proc.pid)  # the leader of the command's own session
+        expired = threading.Event()
+        timer = None
+        if timeout is not None:
+
+            def expire(p: subprocess.Popen[bytes] = proc) -> None:
+                expired.set()
+                stop_group(p, grace=2.0)
+
+            timer = threading.Timer(timeout, expire)
+            timer.daemon = True
+            timer.start()
         try:
             if on_line is not None:
                 assert proc.stdout is not None
@@ -210,8 +229,15 @@ def run(
                 again.write(b"\n# interrupted: process group stopped\n")
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             with _live_lock:
                 _live.discard(proc)
+            workspace.session(proc.pid, live=False)
+    if expired.is_set():
+        with log.open("ab") as again:
+            again.write(f"\n# timed out after {timeout:g} s: process group stopped\n".encode())
+        raise error(f"{label} timed out after {timeout:g} s; its process group was stopped. Full log: {log}")
     if code != 0 and _interrupted.is_set():
         with log.open("ab") as again:
             again.write(b"\n# interrupted: process group stopped\n")
@@ -250,8 +276,9 @@ def check_output(
     error: type[ReproError] = ReproError,
     what: str = "",
     input: bytes | None = None,
+    timeout: float | None = None,
 ) -> bytes:
-    """Run a command whose stdout we need; raise ``error`` with its stderr on failure."""
+    """Run a command whose stdout we need; raise ``error`` with its stderr on failure (or after ``timeout`` s)."""
     try:
         res = subprocess.run(
             list(cmd),
@@ -262,9 +289,14 @@ def check_output(
             capture_output=True,
             check=False,
             start_new_session=True,
+            timeout=timeout,
         )
     except OSError as exc:
         raise error(f"{what or cmd[0]}: cannot start {cmd[0]!r}: {exc.strerror}") from None
+    except subprocess.TimeoutExpired:
+        raise error(
+            f"{what or shlex.join(cmd)}: no answer within {timeout:g} s (REPRO_NET_TIMEOUT for network)"
+        ) from None
     if res.returncode != 0:
         msg = res.stderr.decode("utf-8", "replace").strip()
         raise error(f"{what or shlex.join(cmd)} failed (exit status {res.returncode}): {msg}")

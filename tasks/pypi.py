@@ -21,7 +21,8 @@ from packaging.utils import canonicalize_name
 from tasks.errors import FetchError
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
-TIMEOUT = 60
+#: Seconds a connection may take to open and a transfer may go without data (REPRO_NET_TIMEOUT; git too).
+TIMEOUT = float(os.environ.get("REPRO_NET_TIMEOUT") or 60)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from packaging.utils import canonicalize_name
+
 from tasks.cache import Cache, WheelEntry, warn
+from tasks.index import wheel_project
 from tasks.keys import action_key, canonical_json
 
 if TYPE_CHECKING:
@@ -96,8 +99,12 @@ class Remote:
 
     # -- reading
 
-    def restore(self, cache: Cache, package: str, key: str) -> WheelEntry | None:
-        """The wheel for ``key`` from the remote, verified and put into ``cache``; None: build locally."""
+    def restore(self, cache: Cache, package: str, key: str, distribution: str = "") -> WheelEntry | None:
+        """The wheel for ``key`` from the remote, verified and put into ``cache``; None: build locally.
+
+        ``distribution`` (the package's wheel project name) must be the restored wheel's: a record
+        naming another package's valid blob is refused.
+        """
         if self._off:
             return None
         try:
@@ -108,6 +115,13 @@ class Remote:
             record = check_record(raw, key)
             if isinstance(record, str):
                 warn(f"remote entry {self.url}/ac/{key} for {package} rejected: {record}; building locally")
+                return None
+            found = wheel_project(record["filename"])
+            if distribution and found != canonicalize_name(distribution):
+                warn(
+                    f"remote entry {self.url}/ac/{key} for {package} rejected: its wheel {record['filename']} is "
+                    f"of {found!r}, not {distribution!r}; building locally"
+                )
                 return None
             with cache.staging(f"remote-{package}") as tmp:
                 path = tmp / record["filename"]

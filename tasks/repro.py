@@ -139,7 +139,7 @@ def rebuild(ctx: Context, pkg: Package, filename: str, directory: Path) -> Resul
     print(f"rebuild {pkg.name} in {stage}, log: {log}", flush=True)
     started = time.monotonic()
     progress = Progress(pkg.name, lambda line: print(line, flush=True))
-    with ctx.cache.staging(f"repro-{pkg.name}") as out:
+    with ctx.cache.staging(f"repro-{pkg.name}") as out, progress:
         try:
             # The object cache stays out: a hit would hand back the first build's objects.
             wheel = compile_wheel(
@@ -149,7 +149,7 @@ def rebuild(ctx: Context, pkg: Package, filename: str, directory: Path) -> Resul
                 out=out,
                 log=log,
                 jobs=ctx.jobs_for(pkg),
-                on_line=progress.feed,
+                progress=progress,
                 object_cache=False,
             ).wheel
         finally:
@@ -188,7 +188,7 @@ def run_repro(ctx: Context, names: Sequence[str] = ()) -> Report:
     doc = read_manifest(wheels)
     assert doc is not None  # is_current read it
     filenames = {w["package"]: w["filename"] for w in doc["wheels"]}
-    chosen = select(ctx.packages, names)
+    chosen = select(ctx.active, names)
     directory = (ctx.settings.builddir / "repro").absolute()
     rmtree(directory)
     directory.mkdir(parents=True)

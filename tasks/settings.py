@@ -1,4 +1,5 @@
-"""User settings: doit command-line variables (``name=value``) over environment variables over defaults.
+"""User settings: doit command-line variables (``name=value``) over environment variables over the
+workspace's ``reprostack.toml`` over defaults.
 
 =========  ==================  ===============================================
 variable   environment         meaning
@@ -29,11 +30,16 @@ remote_write REPRO_REMOTE_WRITE  ``on``: upload wheels built in this run to the 
 remote_timeout REPRO_REMOTE_TIMEOUT  seconds to connect and to read, per remote request (default 10); 3 tries each
 shard      REPRO_SHARD         ``i/N``: ``doit wheels`` builds only shard i of N of the packages, assembles nothing
 =========  ==================  ===============================================
+
+The workspace file ``reprostack.toml`` (in the directory doit runs in) holds defaults for this
+workspace, the variables as keys (``lock = "examples/example.lock"``); the quickstart writes one so
+that a newcomer who forgets ``lock=`` keeps building the example, not the real stack.
 """
 
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +107,8 @@ class Settings:
     remote_write: bool = False
     remote_timeout: float = 10.0
     shard: tuple[int, int] | None = None
+    #: The variables the workspace's reprostack.toml supplied (see workspace_defaults).
+    from_workspace: tuple[str, ...] = ()
 
     @property
     def logs(self) -> Path:
@@ -109,6 +117,28 @@ class Settings:
     @property
     def export_dir(self) -> Path:
         return self.export if self.export is not None else self.builddir / "export"
+
+
+#: The workspace's own defaults (see the module's docstring), in the directory doit runs in.
+WORKSPACE_FILE = "reprostack.toml"
+
+
+def workspace_defaults(directory: Path | None = None) -> dict[str, str]:
+    """The variables ``reprostack.toml`` sets (none when there is no such file)."""
+    path = (directory or Path.cwd()) / WORKSPACE_FILE
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ReproError(f"{path}: cannot read the workspace settings ({exc}); fix or delete it") from None
+    problems = [f"unknown variable {k!r}" for k in doc if k not in VARIABLES]
+    problems += [
+        f'{k} must be a string (write {k} = "...")' for k, v in doc.items() if k in VARIABLES and not isinstance(v, str)
+    ]
+    if problems:
+        raise ReproError(f"{path}: {'; '.join(problems)}; the known variables: {', '.join(VARIABLES)}")
+    return {k: str(v) for k, v in doc.items()}
 
 
 def _get(name: str, doit_vars: dict[str, str]) -> str:
@@ -125,6 +155,13 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
     unknown = sorted(set(doit_vars) - set(VARIABLES))
     if unknown:
         raise ReproError(f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(VARIABLES)}")
+    # The workspace file fills in what neither the command line nor the environment sets.
+    from_workspace = {
+        name: value
+        for name, value in workspace_defaults().items()
+        if name not in doit_vars and VARIABLES[name][0] not in os.environ
+    }
+    doit_vars = {**doit_vars, **from_workspace}
     jobs_raw = _get("jobs", doit_vars)
     jobs: int | None = None
     if jobs_raw:
@@ -183,6 +220,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         remote_write=remote_write,
         remote_timeout=remote_timeout,
         shard=parse_shard(_get("shard", doit_vars)),
+        from_workspace=tuple(sorted(from_workspace)),
     )
 
 

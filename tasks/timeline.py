@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ class Outcome:
     ninja_start: float = 0.0
     object_hits: int = 0
     object_misses: int = 0
+    wait_s: float = 0.0  # of wall_s: waiting for job slots (other builds held them)
 
 
 def parse_ninja_log(text: str) -> list[Unit]:
@@ -68,7 +70,7 @@ def chrome_trace(outcomes: Iterable[Outcome]) -> dict[str, Any]:
         events.append({
             "ph": "X", "name": f"build {o.package}", "cat": "package", "pid": 1, "tid": tid,
             "ts": round((o.start - t0) * 1e6), "dur": round(o.wall_s * 1e6),
-            "args": {"cpu_s": round(o.cpu_s, 1), "max_rss_mb": round(o.max_rss_mb),
+            "args": {"cpu_s": round(o.cpu_s, 1), "max_rss_mb": round(o.max_rss_mb), "waited_s": round(o.wait_s, 1),
                      "object_cache_hits": o.object_hits, "object_cache_misses": o.object_misses},
         })  # fmt: skip
         base = (o.ninja_start or o.start) - t0
@@ -82,15 +84,16 @@ def chrome_trace(outcomes: Iterable[Outcome]) -> dict[str, Any]:
 
 
 def summary_table(outcomes: Iterable[Outcome]) -> str:
-    rows = [("package", "result", "wall s", "CPU s", "largest process MB", "units", "objects hit/miss")]
+    rows = [("package", "result", "wall s", "waited s", "built s", "CPU s", "largest process MB", "units",
+             "objects hit/miss")]  # fmt: skip
     for o in sorted(outcomes, key=lambda o: o.package):
         if o.status == "built":
             rows.append((
-                o.package, "built", f"{o.wall_s:.1f}", f"{o.cpu_s:.0f}", f"{o.max_rss_mb:.0f}", str(len(o.units)),
-                f"{o.object_hits}/{o.object_misses}",
+                o.package, "built", f"{o.wall_s:.1f}", f"{o.wait_s:.1f}", f"{o.wall_s - o.wait_s:.1f}",
+                f"{o.cpu_s:.0f}", f"{o.max_rss_mb:.0f}", str(len(o.units)), f"{o.object_hits}/{o.object_misses}",
             ))  # fmt: skip
         else:
-            rows.append((o.package, o.status, "-", "-", "-", "-", "-"))
+            rows.append((o.package, o.status, "-", "-", "-", "-", "-", "-", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -113,27 +116,94 @@ def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path) -
         print("nothing built in this run, so no build timeline", flush=True)
 
 
+#: Processes that do a compile unit's work (under gcc, nvcc, the linkers): what "compiling" counts.
+COMPILERS = frozenset({"cc1", "cc1plus", "cicc", "ptxas", "nvlink", "cudafe++", "fatbinary", "ld", "collect2"})
+
+
+def running_compilers(session: int, proc_root: Path = Path("/proc")) -> int:
+    """How many compiler processes run in the session ``session`` (a build's, see proc.run)."""
+    count = 0
+    for stat in proc_root.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # ended meanwhile
+        name = text[text.find("(") + 1 : text.rfind(")")]
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 3 and fields[3] == str(session) and name in COMPILERS:
+            count += 1
+    return count
+
+
 class Progress:
-    """Turns ninja's ``[N/M]`` lines into at most one console line per ``every`` seconds."""
+    """A build's heartbeat: one console line every ``every`` seconds while it runs, output or not.
+
+    Units done and total come from ninja's ``[N/M]`` lines (:meth:`feed`); the compilers running
+    are counted in the build's session (:meth:`started` gives its id); elapsed is wall time.
+    """
 
     def __init__(self, package: str, emit: Callable[[str], None], every: float = 15.0) -> None:
         self.package = package
         self.emit = emit
         self.every = every
-        self.started = time.monotonic()
-        self.last = self.started
+        self.started_at = time.monotonic()
         self.done = self.total = 0
+        self.session = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def feed(self, line: str) -> None:
         m = _PROGRESS.match(line)
         if m:
             self.done, self.total = int(m.group(1)), int(m.group(2))
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            self.emit(self.line(now))
+
+    def started(self, pid: int) -> None:
+        """The build command started as ``pid``, the leader of its own session."""
+        self.session = pid
+
+    def __enter__(self) -> Progress:
+        self._thread = threading.Thread(target=self._beat, name=f"progress-{self.package}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            self.emit(self.line())
 
     def line(self, now: float | None = None) -> str:
-        elapsed = int((now or time.monotonic()) - self.started)
-        units = f"{self.done}/{self.total} units, " if self.total else ""
-        return f"  {self.package}: {units}{elapsed // 60}m{elapsed % 60:02d}s"
+        elapsed = int((now or time.monotonic()) - self.started_at)
+        parts = [f"{self.done}/{self.total} units done"] if self.total else []
+        if self.session:
+            parts.append(f"{running_compilers(self.session)} compiler(s) running")
+        parts.append(f"{elapsed // 60}m{elapsed % 60:02d}s")
+        return f"  {self.package}: {', '.join(parts)}"
+
+
+def interval_union(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds covered by ``intervals`` (start, end) within [lo, hi], overlaps counted once."""
+    total, reach = 0.0, lo
+    for start, end in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def read_waits(path: Path) -> list[tuple[float, float]]:
+    """The (start, end) wall-clock seconds a build waited for job slots (the ninja shim's and slot() lines)."""
+    waits = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and all(p.isdigit() for p in parts):
+            waits.append((int(parts[0]) / 1e9, int(parts[1]) / 1e9))
+    return waits

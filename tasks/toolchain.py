@@ -29,7 +29,8 @@ from tasks.cache import Cache, write_atomic
 from tasks.errors import ToolchainError
 from tasks.lockfile import Toolchain
 
-FINGERPRINT_VERSION = 2
+#: 3: nvcc by its resolved path; ninja no longer in the key (it cannot change a wheel's bytes).
+FINGERPRINT_VERSION = 3
 TOOLS = ("nvcc", "cc", "c++", "gcc", "g++", "cmake", "ninja", "cuobjdump")
 COMPILER_ENV = {"cc": "CC", "c++": "CXX"}
 STEERING_ENV = (
@@ -161,19 +162,22 @@ def probe(env: Mapping[str, str]) -> dict[str, Any]:
         raise ToolchainError(f"cannot probe the build interpreter {sys.executable}: {res.stderr.decode()[-2000:]}")
     info: dict[str, Any] = json.loads(res.stdout)
     dists = info.pop("dists")
-    nvcc = _which("nvcc", env)
+    found = _which("nvcc", env)
+    # The resolved path: nvcc writes the path it was started by into what it links (nvlink's
+    # -L options), so builds start it by this path (see cuda_env) and the key records it.
+    nvcc = os.path.realpath(found) if found else ""
     tools: dict[str, Any] = {
         "nvcc": _first_line([nvcc, "--version"], r"release") if nvcc else "",
-        "nvcc_path": nvcc or "",
+        "nvcc_path": nvcc,
         "nvcc_random_seed": nvcc_takes_seed(nvcc) if nvcc else False,
         "cc": _first_line([_which("cc", env) or "cc", "--version"]),
         "cxx": _first_line([_which("c++", env) or "c++", "--version"]),
-        "cmake": _first_line(["cmake", "--version"]) if _which("cmake", env) else "",
-        "ninja": _first_line(["ninja", "--version"]) if _which("ninja", env) else "",
+        "cmake": _first_line([cmake, "--version"]) if (cmake := _which("cmake", env)) else "",
+        "ninja": _first_line([ninja, "--version"]) if (ninja := _which("ninja", env)) else "",
     }
     cudnn_candidates = [env.get("CUDNN_PATH", ""), info.pop("cudnn_pip", ""), "/usr"]
     cudnn_version, cudnn_path = _cudnn_version([c for c in cudnn_candidates if c])
-    cuda_home = str(Path(nvcc).resolve().parent.parent) if nvcc else ""
+    cuda_home = str(Path(nvcc).parent.parent) if nvcc else ""
     return {
         "python": info,
         "tools": tools,
@@ -204,7 +208,11 @@ def nvcc_release(info: Mapping[str, Any]) -> str:
 
 
 def fingerprint(info: Mapping[str, Any], *, extras: Iterable[str] = (), cuda: bool = False) -> dict[str, Any]:
-    """The part of the toolchain that enters a package's action key."""
+    """The part of the toolchain that enters a package's action key: what can change its wheel's bytes.
+
+    Not ninja's version: ninja only orders the compiles (see description() for the SBOM's record).
+    For CUDA packages, nvcc's release line and the path it is started by (its resolved path).
+    """
     py = info["python"]
     fp: dict[str, Any] = {
         "python": py["python"],
@@ -216,13 +224,38 @@ def fingerprint(info: Mapping[str, Any], *, extras: Iterable[str] = (), cuda: bo
         "cc": info["tools"]["cc"],
         "cxx": info["tools"]["cxx"],
         "cmake": info["tools"]["cmake"],
-        "ninja": info["tools"]["ninja"],
     }
     if cuda:
         fp["nvcc"] = info["tools"]["nvcc"]
+        fp["nvcc_path"] = info["tools"].get("nvcc_path", "")
     if "cudnn" in extras:
         fp["cudnn"] = info["cudnn"]["version"]
     return fp
+
+
+def description(info: Mapping[str, Any], *, extras: Iterable[str] = (), cuda: bool = False) -> dict[str, Any]:
+    """What the SBOM records of the toolchain: the key's fingerprint plus tools outside the key (ninja)."""
+    return {**fingerprint(info, extras=extras, cuda=cuda), "ninja": info["tools"].get("ninja", "")}
+
+
+def cuda_env(env: Mapping[str, str], info: Mapping[str, Any]) -> dict[str, str]:
+    """``env`` with the probed nvcc reached by its resolved path, however the host's PATH reaches it.
+
+    nvcc records the directory it was started from in the objects it links (nvlink's ``-L``
+    options), so ``/usr/local/cuda/bin/nvcc`` and ``/usr/local/cuda-13.0/bin/nvcc`` (one file
+    through a symlinked directory) gave two wheels under one key. The resolved bin directory goes
+    first on PATH, and CUDA_HOME, CUDA_PATH (and NVCC, where set) name the resolved install.
+    """
+    out = dict(env)
+    nvcc = str(info["tools"].get("nvcc_path") or "")
+    if not nvcc:
+        return out
+    home = str(info.get("cuda_home") or Path(nvcc).parent.parent)
+    out["PATH"] = os.pathsep.join([str(Path(nvcc).parent), out.get("PATH", os.defpath)])
+    out["CUDA_HOME"] = out["CUDA_PATH"] = home
+    if out.get("NVCC"):
+        out["NVCC"] = nvcc
+    return out
 
 
 def _matches(spec: str, version: str) -> bool:
@@ -234,28 +267,47 @@ def _matches(spec: str, version: str) -> bool:
         return False
 
 
-def check_expectations(tc: Toolchain, info: Mapping[str, Any], *, lock: Path) -> None:
-    """Refuse to build against a toolchain the lock does not expect."""
+def builds_against_torch(build_requires: Iterable[str]) -> bool:
+    """Whether a package's build requirements name torch (its build imports it)."""
+    return any(Requirement(r).name.lower() == "torch" for r in build_requires)
+
+
+def toolchain_problems(tc: Toolchain, info: Mapping[str, Any], *, torch: bool = True, cuda: bool = True) -> list[str]:
+    """What of ``[toolchain]`` the probed toolchain does not satisfy.
+
+    Python always; torch and torch_cuda only where ``torch`` (the package builds against torch);
+    nvcc only where ``cuda`` (the package compiles CUDA or reads the CUDA install).
+    """
     problems = []
     py = info["python"]
     if not _matches(tc.python, py["python"]):
         problems.append(f"python {py['python']} does not satisfy {tc.python!r}")
-    torch = py.get("torch")
-    if tc.torch and not torch:
-        problems.append(f"torch is not importable by {sys.executable} (the lock expects {tc.torch!r})")
-    elif torch and not _matches(tc.torch, torch["version"].split("+")[0]):
-        problems.append(f"torch {torch['version']} does not satisfy {tc.torch!r}")
-    if tc.torch_cuda and not (torch and torch.get("cuda") and _matches(tc.torch_cuda, torch["cuda"])):
-        problems.append(f"torch's CUDA {torch.get('cuda') if torch else None} does not satisfy {tc.torch_cuda!r}")
-    if tc.cuda:
+    found = py.get("torch")
+    if torch:
+        if tc.torch and not found:
+            problems.append(f"torch is not importable by {sys.executable} (the lock expects {tc.torch!r})")
+        elif found and not _matches(tc.torch, found["version"].split("+")[0]):
+            problems.append(f"torch {found['version']} does not satisfy {tc.torch!r}")
+        if tc.torch_cuda and not (found and found.get("cuda") and _matches(tc.torch_cuda, found["cuda"])):
+            problems.append(f"torch's CUDA {found.get('cuda') if found else None} does not satisfy {tc.torch_cuda!r}")
+    if cuda and tc.cuda:
         release = nvcc_release(info)
         if not release:
             problems.append(f"nvcc not found (the lock expects CUDA {tc.cuda!r}); put it on PATH or set CUDA_HOME")
         elif not _matches(tc.cuda, release):
             problems.append(f"nvcc {release} does not satisfy {tc.cuda!r}")
+    return problems
+
+
+def check_expectations(
+    tc: Toolchain, info: Mapping[str, Any], *, lock: Path, package: str = "", torch: bool = True, cuda: bool = True
+) -> None:
+    """Refuse to build against a toolchain the lock does not expect (for ``package``, where given)."""
+    problems = toolchain_problems(tc, info, torch=torch, cuda=cuda)
     if problems:
+        what = f"package {package}: " if package else ""
         raise ToolchainError(
-            f"the build toolchain does not match {lock} [toolchain]:\n  - "
+            f"{what}the build toolchain does not match {lock} [toolchain]:\n  - "
             + "\n  - ".join(problems)
             + "\nUse the environment the lock was written for, or change [toolchain] deliberately."
         )

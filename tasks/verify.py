@@ -643,6 +643,7 @@ def run_verify(wheel_dir: Path, work_dir: Path, **kwargs: Any) -> Report:
 def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> Iterator[Row]:
     house = "wheelhouse"
     yield _check_hashes(session.wheel_dir, manifest)
+    yield _check_contents(session.wheel_dir, manifest)
     yield _check_provenance(session.wheel_dir, manifest)
 
     base = session.runner_info(session.python, [], log="base-python")
@@ -693,6 +694,24 @@ def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
         status="PASS",
         detail=f"{_n(len(manifest.wheels), 'wheel')}: sha256 as in manifest.json",
     )
+
+
+#: What `doit wheels` writes into wheels/ besides the wheels manifest.json lists.
+WHEELHOUSE_FILES = frozenset({"manifest.json", "requirements.txt", "simple", "sbom.cdx.json", provenance.DIRECTORY})
+
+
+def _check_contents(wheel_dir: Path, manifest: Manifest) -> Row:
+    """Nothing in wheels/ that the manifest does not account for (a wheel dropped in by hand, say)."""
+    expected = WHEELHOUSE_FILES | {spec.filename for spec in manifest.wheels}
+    extra = sorted(p.name for p in wheel_dir.iterdir() if p.name not in expected)
+    if extra:
+        return Row(
+            package="wheelhouse",
+            check="contents",
+            status="FAIL",
+            detail=f"not listed in manifest.json: {', '.join(extra)}; remove them (doit clean wheels; doit wheels)",
+        )
+    return Row(package="wheelhouse", check="contents", status="PASS", detail="nothing beyond the manifest's wheels")
 
 
 def _check_provenance(wheel_dir: Path, manifest: Manifest) -> Row:

@@ -21,12 +21,14 @@ from tasks import attest, index, provenance, timeline
 from tasks.build import build_package
 from tasks.cache import rmtree, write_atomic
 from tasks.context import Context
+from tasks.errors import BuildError
+from tasks.index import wheel_project
 from tasks.treehash import file_sha256
 
 
 def expected(ctx: Context) -> dict[str, str]:
     """package -> action key for the current lock and profile."""
-    return {pkg.name: ctx.key(pkg)[0] for pkg in ctx.packages}
+    return {pkg.name: ctx.key(pkg)[0] for pkg in ctx.active}
 
 
 def read_manifest(wheels: Path) -> dict[str, Any] | None:
@@ -64,10 +66,21 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
     ctx.settings.builddir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(ctx.settings.builddir / "wheels.lock")):
         records = []
-        for pkg in ctx.packages:
-            entry = build_package(ctx, pkg)  # verified by hash; rebuilt when corrupted
+        entries = {pkg.name: build_package(ctx, pkg) for pkg in ctx.active}  # verified by hash; rebuilt when corrupted
+        for pkg in ctx.active:  # before anything is written: one wheel per distribution, the package's own
+            found = wheel_project(entries[pkg.name].path.name)
+            if found != pkg.distribution_name:
+                raise BuildError(
+                    f"package {pkg.name} built {entries[pkg.name].path.name}, a wheel of {found!r}, not of "
+                    f"{pkg.distribution_name!r}: set `distribution = {found!r}` for it in {ctx.lock.path} (two "
+                    "packages of one lock may not build one distribution); nothing was written to wheels/"
+                )
+        for pkg in ctx.active:
+            entry = entries[pkg.name]
             dest = out / entry.path.name
             if not (dest.is_file() and dest.stat().st_size == entry.size and file_sha256(dest) == entry.sha256):
+                if dest.exists():
+                    print(f"restored {dest} from the cache: it differed from the wheel built for its key", flush=True)
                 tmp = dest.with_name(f".{dest.name}.tmp")
                 shutil.copyfile(entry.path, tmp)
                 os.chmod(tmp, 0o644)

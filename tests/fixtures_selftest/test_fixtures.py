@@ -91,7 +91,10 @@ def _git(env: Mapping[str, str], *args: str, cwd: Path | None = None) -> str:
 
 
 def find_nvcc() -> str | None:
-    candidates = [os.environ.get("NVCC"), shutil.which("nvcc")]
+    if os.environ.get("NVCC"):  # the fixture's setup.py takes NVCC first, as our toolchain probe does
+        nvcc = os.environ["NVCC"]
+        return nvcc if os.path.isfile(nvcc) and os.access(nvcc, os.X_OK) else None
+    candidates = [shutil.which("nvcc")]
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             candidates.append(os.path.join(os.environ[var], "bin", "nvcc"))

@@ -73,7 +73,7 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
         _retar(bundle, bad, **how)  # type: ignore[arg-type]
         out = tmp_path / "site" / name
         res = ws.doit("unbundle", f"bundle={bad}", f"dest={out}", check=False)
-        assert res.returncode != 0, res.stdout
+        assert res.returncode == 20, res.stdout + res.stderr  # BundleError's status (docs/tasks.md)
         assert "the bundle was altered or is incomplete; nothing was unpacked" in res.stdout + res.stderr
         assert not out.exists()
         assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{name}.")]
@@ -81,7 +81,7 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
     truncated.write_bytes(bundle.read_bytes()[: bundle.stat().st_size // 2])
     (tmp_path / "truncated.tar.sha256").write_text(bundle.with_name(bundle.name + ".sha256").read_text())
     res = ws.doit("unbundle", f"bundle={truncated}", f"dest={tmp_path / 'site' / 't'}", check=False)
-    assert res.returncode != 0 and "differs from truncated.tar.sha256" in res.stdout + res.stderr
+    assert res.returncode == 20 and "differs from truncated.tar.sha256" in res.stdout + res.stderr
 
     # Without doit, as on a host that has only Python.
     plain = subprocess.run(

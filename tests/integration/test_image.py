@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Workspace, built_packages, copy_cache, make_workspace
+from conftest import REPO, Workspace, built_packages, copy_cache, make_workspace, require
 
 from tasks.treehash import file_sha256
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs_nvcc]
 
 IMAGE_NAME = "reprostack-test"
 QUICK = ("repro_cuda", "repro_pure", "repro_pybind")
@@ -54,9 +54,7 @@ def docker_ready() -> None:
         if res.returncode != 0:
             reason = f"cannot reach the docker daemon: {res.stderr.strip()[-300:]} (start dockerd; .ci/run does)"
     if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI needs docker for the image tests: {reason}", pytrace=False)
-        pytest.skip(f"no docker: {reason} (set CI=1 to make this a failure)")
+        require(f"no docker for the image tests: {reason} (with CI=true this is a failure)")
 
 
 @pytest.fixture(scope="session")
@@ -409,9 +407,7 @@ def registry(docker_ready: None, tmp_path: Path) -> Iterator[str]:
     """A real registry (Debian's docker-registry, the CNCF distribution server) on loopback."""
     binary = shutil.which("docker-registry")
     if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs docker-registry for the registry test (apt-get install docker-registry)")
-        pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
+        require("docker-registry is not installed (apt-get install docker-registry)")
     port = _free_port()
     config = tmp_path / "registry.yml"
     config.write_text(

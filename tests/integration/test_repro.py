@@ -59,6 +59,8 @@ def nvcc_release() -> str:
     return found.group(1)
 
 
+@pytest.mark.needs_nvcc
+@pytest.mark.needs_torch
 def test_example_lock_rebuilds_bit_for_bit_with_sbom_and_provenance(
     quick_cache: Path, tmp_path: Path, server: object
 ) -> None:

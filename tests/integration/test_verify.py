@@ -424,6 +424,7 @@ def pick(built: Mapping[str, Built], *names: str) -> list[Built]:
 # --------------------------------------------------------------------------- tests
 
 
+@pytest.mark.needs_nvcc
 @needs_cuobjdump
 def test_good_wheelhouse_passes(built: dict[str, Built], tmp_path: Path) -> None:
     names = ["repro_pure", "repro_pybind", "repro_cuda"] + (["repro_torchext"] if "repro_torchext" in built else [])

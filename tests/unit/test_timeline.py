@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tasks.timeline import Outcome, Progress, Unit, chrome_trace, parse_ninja_log, report, summary_table
+from tasks.timeline import (
+    Outcome,
+    Progress,
+    Unit,
+    chrome_trace,
+    interval_union,
+    parse_ninja_log,
+    report,
+    summary_table,
+)
 
 NINJA_LOG = """# ninja log v5
 0\t1500\t0\tbuild/a.o\tdeadbeef
@@ -46,16 +55,40 @@ def test_chrome_trace_has_a_row_per_package_and_spans_per_unit() -> None:
     assert "apex" in table and "cached" in table and "te" in table and "built" in table
 
 
-def test_progress_reports_ninja_counts_at_most_every_interval() -> None:
-    lines: list[str] = []
-    p = Progress("te", lines.append, every=3600)
-    p.feed("[3/10] Building CUDA object a.o")
-    p.feed("noise")
-    assert lines == []
-    assert p.line().startswith("  te: 3/10 units, 0m0")
-    fast = Progress("te", lines.append, every=0)
-    fast.feed("[1/2] x")
-    assert lines and "1/2 units" in lines[0]
+def test_progress_beats_while_the_build_is_silent(tmp_path: Path) -> None:
+    """The heartbeat prints while nothing is printed, and counts the compilers running in the build's session."""
+    import shutil
+    import subprocess
+    import time
+
+    # A process named like gcc's compiler proper, in a session of its own, as a build's are.
+    fake = tmp_path / "cc1plus"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", fake)
+    proc = subprocess.Popen([str(fake), "30"], start_new_session=True)
+    try:
+        lines: list[str] = []
+        progress = Progress("te", lines.append, every=0.2)
+        progress.feed("[3/10] Building CUDA object a.o")
+        progress.started(proc.pid)
+        with progress:
+            deadline = time.monotonic() + 10
+            while len(lines) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert len(lines) >= 2, lines
+        assert lines[0].startswith("  te: 3/10 units done, 1 compiler(s) running, 0m0"), lines
+    finally:
+        proc.kill()
+        proc.wait()
+    n = len(lines)
+    time.sleep(0.5)
+    assert len(lines) == n  # stopped with the build
+
+
+def test_waits_are_counted_once() -> None:
+    assert interval_union([(1.0, 3.0), (2.0, 4.0), (10.0, 11.0)], 0.0, 10.5) == 3.5
+    assert interval_union([], 0.0, 5.0) == 0.0
+    table = summary_table([Outcome(package="te", status="built", wall_s=10.0, wait_s=4.0)])
+    assert table.splitlines()[1].split()[:5] == ["te", "built", "10.0", "4.0", "6.0"], table
 
 
 def test_report_writes_the_trace_only_when_something_was_built(

@@ -1,0 +1,315 @@
+"""Hostile inputs and faults (issue 20), each as it happens: archives and git repositories served on
+loopback, a server that stops sending, real signals to a real build, a full disk, a second run.
+
+Every test here fails without the check it covers.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Workspace, make_workspace, require
+from serve import FixtureServer
+
+from tasks.treehash import file_sha256
+
+pytestmark = pytest.mark.integration
+
+ZERO = "0" * 64
+
+
+def tiny_lock(root: Path, source: str) -> Path:
+    """A lock of one source and one package; ``source`` is the [sources.evil] table's body."""
+    lock = root / "evil.lock"
+    root.mkdir(parents=True, exist_ok=True)
+    lock.write_text(
+        'format = 1\n[toolchain]\npython = ">=3.10"\narchs = ["sm_90a"]\n'
+        f"[sources.evil]\n{source}\n"
+        '[packages.evil]\nsource = "evil"\nbuild_requires = ["setuptools>=61"]\n'
+    )
+    return lock
+
+
+def doit(
+    root: Path, lock: Path, cache: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "REPRO_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), *args,
+         f"lock={lock}", f"cache={cache}"],
+        env={**base, "PIP_CONFIG_FILE": os.devnull, **(env or {})},
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+
+
+def test_url_archive_that_writes_outside_is_refused_by_fetch_and_lock(tmp_path: Path) -> None:
+    """A tar whose symlink leads outside, then a file through it: refused before anything is written,
+    with the right sha256 pinned (`doit fetch`) and unpinned (`doit lock`)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    served = tmp_path / "served"
+    served.mkdir()
+    archive = served / "evil-1.0.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, kind, target, body in [
+            ("evil-1.0/", tarfile.DIRTYPE, "", b""),
+            ("evil-1.0/esc", tarfile.SYMTYPE, "../" * 12 + str(outside).lstrip("/"), b""),
+            ("evil-1.0/esc/planted", tarfile.REGTYPE, "", b"planted"),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.size = kind, target, len(body)
+            tar.addfile(info, io.BytesIO(body) if body else None)
+    with FixtureServer(served) as srv:
+        url = f"{srv.url}/{archive.name}"
+        ws = tmp_path / "ws"
+        lock = tiny_lock(ws, f'kind = "url"\nurl = "{url}"\nsha256 = "{file_sha256(archive)}"\ntree_sha256 = "{ZERO}"')
+        res = doit(ws, lock, tmp_path / "cache", "fetch:evil")
+        assert res.returncode == 13, res.stdout + res.stderr  # VerificationError
+        assert "refused, nothing of it was used" in res.stderr and "outside the tree" in res.stderr
+        assert "Traceback" not in res.stderr
+        before = tiny_lock(ws, f'kind = "url"\nurl = "{url}"').read_text()
+        res = doit(ws, lock, tmp_path / "cache", "lock")
+        assert res.returncode == 13, res.stdout + res.stderr
+        assert lock.read_text() == before
+    assert not list(outside.iterdir())
+
+
+def test_git_symlink_to_a_host_file_is_refused(tmp_path: Path) -> None:
+    """A repository whose file is a link to an absolute host path cannot put that file into a wheel."""
+    work = tmp_path / "work"
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    subprocess.run(["git", "init", "-q", str(work)], check=True, env=env)
+    (work / "setup.py").write_text("from setuptools import setup\nsetup(name='evil')\n")
+    (work / "secret.txt").symlink_to("/etc/hostname")
+    subprocess.run(["git", "-C", str(work), "add", "-A"], check=True, env=env)
+    subprocess.run(["git", "-C", str(work), "commit", "-qm", "x"], check=True, env=env)
+    commit = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], check=True, env=env,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    served = tmp_path / "served"
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(served / "evil.git")], check=True, env=env)
+    subprocess.run(["git", "-C", str(served / "evil.git"), "update-server-info"], check=True, env=env)
+    with FixtureServer(served) as srv:
+        ws = tmp_path / "ws"
+        lock = tiny_lock(ws, f'kind = "git"\nurl = "{srv.url}/evil.git"\ncommit = "{commit}"\ntree_sha256 = "{ZERO}"')
+        res = doit(ws, lock, tmp_path / "cache", "fetch:evil")
+    assert res.returncode == 13, res.stdout + res.stderr
+    assert "'secret.txt': symbolic link to '/etc/hostname', outside the tree" in res.stderr
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP server on loopback that accepts connections and never sends a byte."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield sock.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    sock.close()
+
+
+def test_git_server_that_stops_sending_fails_in_bounded_time(tmp_path: Path, silent_server: int) -> None:
+    ws = tmp_path / "ws"
+    lock = tiny_lock(ws, f'kind = "git"\nurl = "http://127.0.0.1:{silent_server}/x.git"\ncommit = "{"a" * 40}"\n'
+                     f'tree_sha256 = "{ZERO}"')  # fmt: skip
+    started = time.monotonic()
+    res = doit(ws, lock, tmp_path / "cache", "fetch:evil", env={"REPRO_NET_TIMEOUT": "3"})
+    took = time.monotonic() - started
+    assert res.returncode == 12, res.stdout + res.stderr  # FetchError
+    assert "the server stopped sending: no data for 3 s (REPRO_NET_TIMEOUT)" in res.stderr, res.stderr
+    assert took < 120
+
+
+def test_changed_byte_in_the_cached_source_is_not_built(workspace: Workspace) -> None:
+    """One byte changed in a cached source tree: the next build refetches it instead of building it."""
+    ws = workspace
+    ws.doit("build:repro_pure")
+    (meta,) = [
+        p
+        for p in (ws.cache / "sources").glob("*/meta.json")
+        if json.loads(p.read_text())["source"]["name"] == "repro-pure"
+    ]
+    victim = next(p for p in (meta.parent / "tree").rglob("*.py"))
+    os.chmod(victim, 0o644)
+    victim.write_text(victim.read_text() + "# changed\n")
+    for entry in (ws.cache / "wheels").glob("*/*"):
+        subprocess.run(["rm", "-rf", str(entry)], check=True)
+    res = ws.doit("build:repro_pure")
+    assert "discarded, fetching it again" in res.stderr, res.stdout + res.stderr
+    assert "# changed" not in victim.read_text()
+
+
+def test_duplicate_distributions_are_refused(workspace: Workspace) -> None:
+    ws = workspace
+    ws.edit_lock(
+        "[packages.repro_pybind]",
+        '[packages.again]\nsource = "repro-pure"\ndistribution = "repro-pure"\n\n[packages.repro_pybind]',
+    )
+    res = ws.doit("list", check=False)
+    assert res.returncode == 11, res.stderr  # LockError, at load
+    assert "[packages.again] builds the distribution 'repro-pure', as packages.repro_pure does" in res.stderr
+    ws.edit_lock('[packages.again]\nsource = "repro-pure"\ndistribution = "repro-pure"\n\n', "")
+    ws.edit_lock(
+        '[packages.repro_pure]\nsource = "repro-pure"\n',
+        '[packages.repro_pure]\nsource = "repro-pure"\ndistribution = "other"\n',
+    )
+    res = ws.doit("wheels", "profile=quick", check=False)
+    assert res.returncode == 15, res.stdout + res.stderr  # BuildError, before wheels/ is written
+    assert "a wheel of 'repro-pure', not of 'other'" in res.stderr
+    assert not (ws.wheels / "manifest.json").exists()
+
+
+@pytest.mark.needs_torch
+def test_second_run_refuses_sighup_stops_sigkill_is_cleaned_up(workspace: Workspace) -> None:
+    ws = workspace
+    log = ws.root / "build" / "logs" / "build-repro_torchext.log"
+
+    def start() -> subprocess.Popen[str]:
+        proc = ws.popen("build:repro_torchext", "objcache=off")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (log.exists() and "pip" in log.read_text()):
+            time.sleep(0.2)
+        time.sleep(3)  # inside the compile
+        assert proc.poll() is None, "the build finished before it could be interrupted"
+        return proc
+
+    def leftovers() -> list[int]:
+        """Processes of the build: their environment names this workspace's cache (REPRO_WAIT_LOG)."""
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if f"REPRO_WAIT_LOG={ws.cache}".encode() in environ.read_bytes():
+                    found.append(int(environ.parent.name))
+            except OSError:
+                continue
+        return found
+
+    first = start()
+    second = ws.doit("wheels", check=False)  # one run per workspace: refused at once, naming the first
+    assert second.returncode == 10, second.stdout + second.stderr
+    assert f"is in use by another doit run (pid {first.pid}" in second.stderr
+    assert "database is locked" not in second.stderr
+    first.send_signal(signal.SIGHUP)  # a closed terminal
+    first.communicate(timeout=120)
+    assert first.returncode != 0
+    time.sleep(1)
+    assert not leftovers()
+    assert not list((ws.root / "build" / "run").glob("*.json"))
+
+    killed = start()
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=60)
+    assert leftovers(), "SIGKILL leaves the build running: the next run must clean it up"
+    res = ws.doit("build:repro_pure")
+    assert f"cleaned up after an earlier run that ended without cleaning up (pid {killed.pid})" in res.stderr
+    time.sleep(1)
+    assert not leftovers()
+    stage = ws.root / "build" / "stage"
+    assert not [p for p in stage.iterdir() if p.name.startswith("repro_torchext")] if stage.exists() else True
+
+
+def test_full_disk_is_one_clear_line(tmp_path: Path, server: object) -> None:
+    """A cache on a full file system: one line naming it, no traceback, nothing partial."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(small)],
+                                           capture_output=True, check=False).returncode != 0:  # fmt: skip
+        require("cannot mount a small tmpfs here (needs root and mount privileges)")
+    try:
+        ws = make_workspace(tmp_path / "ws", small / "cache", server.url)  # type: ignore[attr-defined]
+        res = ws.doit("wheels", "profile=quick", check=False)
+        assert res.returncode in (10, 15), res.stdout + res.stderr  # where it struck: the cache, or the build
+        assert "No space left on device" in res.stderr and "othing partial was kept" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+        assert not list((small / "cache" / "wheels").glob("*/*/entry.json"))
+        regular = tmp_path / "afile"
+        regular.write_text("x")
+        res = make_workspace(tmp_path / "ws2", regular, server.url).doit("wheels", "profile=quick", check=False)  # type: ignore[attr-defined]
+        assert res.returncode == 10 and "Traceback" not in res.stderr, res.stderr
+        assert "is a file" in res.stderr or "Not a directory" in res.stderr, res.stderr
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def pure_only(ws: Workspace) -> None:
+    """A profile of the example lock with only its pure-Python package (no compiler needed)."""
+    ws.lock.write_text(
+        ws.lock.read_text()
+        + "\n[profiles.pure]\n"
+        + "".join(
+            f"[profiles.pure.packages.{p}]\nenabled = false\n" for p in ("repro_pybind", "repro_cuda", "repro_torchext")
+        )
+    )
+
+
+def test_verify_names_extra_files_and_says_when_it_restored_a_wheel(workspace: Workspace) -> None:
+    ws = workspace
+    pure_only(ws)
+    ws.doit("wheels", "profile=pure")
+    (ws.wheels / "dropped-1.0-py3-none-any.whl").write_bytes(b"not ours")
+    res = ws.doit("verify", "profile=pure", "gpu=off", check=False)
+    assert res.returncode == 17, res.stdout + res.stderr  # VerifyFailed
+    assert "not listed in manifest.json: dropped-1.0-py3-none-any.whl" in res.stdout + res.stderr
+    (ws.wheels / "dropped-1.0-py3-none-any.whl").unlink()
+    (wheel,) = ws.wheels.glob("repro_pure-*.whl")
+    wheel.write_bytes(b"truncated")
+    res = ws.doit("verify", "profile=pure", "gpu=off")
+    assert f"restored {ws.wheels.relative_to(ws.root) / wheel.name} from the cache" in res.stdout, res.stdout
+
+
+def test_remote_record_pointing_at_another_packages_blob_is_refused(workspace: Workspace, tmp_path: Path) -> None:
+    """The remote maps a key to a blob; a record for repro_pybind naming repro_pure's (valid) wheel is refused."""
+    store = tmp_path / "store"
+    server = subprocess.Popen([sys.executable, str(REPO / "scripts" / "cache_server.py"), str(store), "0"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        port = int(server.stdout.readline().split()[-1].rsplit(":", 1)[-1])  # type: ignore[union-attr]
+        remote = f"http://127.0.0.1:{port}"
+        ws = workspace
+        ws.edit_lock("[profiles.quick]", "[profiles.two]\n[profiles.two.packages.repro_cuda]\nenabled = false\n"
+                     "[profiles.two.packages.repro_torchext]\nenabled = false\n\n[profiles.quick]")  # fmt: skip
+        ws.doit("wheels", "profile=two", f"remote={remote}", "remote_write=on")
+        records = {json.loads(p.read_text())["package"]: p for p in (store / "ac").iterdir()}
+        pure = json.loads(records["repro_pure"].read_text())
+        forged = json.loads(records["repro_pybind"].read_text())
+        forged.update(filename=pure["filename"], sha256=pure["sha256"], size=pure["size"])
+        records["repro_pybind"].write_text(json.dumps(forged))
+        fresh = make_workspace(tmp_path / "fresh", tmp_path / "fresh-cache", ws.index_url.rsplit("/simple", 1)[0])
+        fresh.lock.write_text(ws.lock.read_text())
+        res = fresh.doit("wheels", "profile=two", f"remote={remote}")
+        assert (
+            "rejected: its wheel repro_pure-" in res.stderr and "is of 'repro-pure', not 'repro-pybind'" in res.stderr
+        )
+        assert "built repro_pybind in" in res.stdout
+    finally:
+        server.terminate()
+        server.wait()
+        server.stdout.close()  # type: ignore[union-attr]

@@ -1,0 +1,168 @@
+"""A newcomer's first hour (issue 17): what a host without nvcc builds, one nvcc reached two ways,
+the workspace's default lock, one message for one cause.
+
+Real doit runs on the example lock served on loopback, real nvcc builds of the CUDA fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HAVE_NVCC, REPO, Workspace, entries, make_workspace, require, shas
+
+from tasks.settings import WORKSPACE_FILE
+from tasks.toolchain import _which
+
+pytestmark = pytest.mark.integration
+
+
+def nvcc_or_skip() -> Path:
+    """The nvcc executable itself (not a wrapper script that runs it by a fixed path)."""
+    if not HAVE_NVCC:
+        require("nvcc not found (NVCC, PATH, CUDA_HOME, /usr/local/cuda): the CUDA fixture cannot build")
+    homes = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    found = _which("nvcc", dict(os.environ))
+    for candidate in [*(os.path.join(h, "bin", "nvcc") for h in homes if h), found]:
+        if candidate and os.path.isfile(candidate):
+            real = Path(os.path.realpath(candidate))
+            with real.open("rb") as fh:
+                if fh.read(4) == b"\x7fELF":
+                    return real
+    require("no nvcc executable found (CUDA_HOME, /usr/local/cuda, PATH): the CUDA fixture cannot build")
+
+
+def linked_cuda(tmp: Path, nvcc: Path) -> Path:
+    """A second path to the same CUDA install: a symlink to its directory (as /usr/local/cuda is)."""
+    link = tmp / "cuda-link"
+    link.symlink_to(nvcc.parent.parent, target_is_directory=True)
+    return link / "bin"
+
+
+def manifest(ws: Workspace) -> dict[str, object]:
+    doc: dict[str, object] = json.loads((ws.wheels / "manifest.json").read_text())
+    return doc
+
+
+def test_host_without_nvcc_builds_the_rest(workspace: Workspace) -> None:
+    """No nvcc (NVCC names one that is not there): the optional CUDA fixture is left out with one line, the rest
+    builds and verifies; without `optional`, the same package is a toolchain error naming it."""
+    workspace.env_extra["NVCC"] = "/nonexistent/bin/nvcc"
+    res = workspace.doit("wheels", "profile=quick")
+    out = res.stdout + res.stderr
+    assert len(re.findall(r"^skipped repro_cuda \(optional in example.lock\): nvcc not found", out, re.M)) == 1, out
+    assert set(shas(workspace)) == {"repro_pure", "repro_pybind"}
+    workspace.doit("verify", "gpu=off", "profile=quick")
+    report = json.loads((workspace.root / "build" / "verify" / "report.json").read_text())
+    assert {row["package"] for row in report["rows"]} == {"wheelhouse", "repro_pure", "repro_pybind"}
+
+    workspace.edit_lock("optional = true  # left out, with one line saying why, on a host without nvcc\n", "")
+    res = workspace.doit("wheels", "profile=quick", check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 16, out  # ToolchainError's status
+    assert "ToolchainError: package repro_cuda: the build toolchain does not match" in out, out
+    assert "nvcc not found" in out
+
+
+def test_one_nvcc_reached_two_ways_gives_one_key_and_one_wheel(tmp_path: Path, server: object) -> None:
+    """/usr/local/cuda/bin/nvcc and /usr/local/cuda-13.0/bin/nvcc are one file; nvcc writes the path it was
+    started by into what it links. Builds reach it by its resolved path: same key, same bytes."""
+    nvcc = nvcc_or_skip()
+    via_link = linked_cuda(tmp_path, nvcc)
+    url = server.url  # type: ignore[attr-defined]
+    wheels = {}
+    for name, bindir in (("real", nvcc.parent), ("link", via_link)):
+        ws = make_workspace(tmp_path / name, tmp_path / f"cache-{name}", url)
+        ws.env_extra.update(PATH=os.pathsep.join([str(bindir), os.environ["PATH"]]), CUDA_HOME=str(bindir.parent))
+        ws.doit("build:repro_cuda", "profile=quick")
+        wheels[name] = entries(ws.cache)["repro_cuda"]["sha256"]
+    assert wheels["real"] == wheels["link"]
+
+
+def test_another_nvcc_is_another_key(tmp_path: Path, workspace: Workspace) -> None:
+    """The key holds the nvcc actually used (resolved path and version): a different nvcc, here a wrapper
+    elsewhere that runs the same compiler, is a different key; two paths to one nvcc are one key."""
+    nvcc = nvcc_or_skip()
+    wrapper = tmp_path / "other-cuda" / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec {nvcc} "$@"\n')
+    wrapper.chmod(0o755)
+    keys = {}
+    for name, bindir in (("real", nvcc.parent), ("link", linked_cuda(tmp_path, nvcc)), ("other", wrapper.parent)):
+        code = (
+            "from tasks.context import Context\n"
+            f"ctx = Context.load({{'lock': {str(workspace.lock)!r}, 'cache': {str(workspace.cache)!r}}})\n"
+            "print(ctx.key(ctx.package('repro_cuda'))[0])\n"
+        )
+        env = workspace.env() | {"PATH": os.pathsep.join([str(bindir), os.environ["PATH"]])}
+        env.pop("CUDA_HOME", None)
+        env.pop("NVCC", None)
+        res = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+        )
+        keys[name] = res.stdout.strip().splitlines()[-1]
+    assert keys["real"] == keys["link"]
+    assert keys["other"] != keys["real"]
+
+
+def doit_here(root: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """doit in ``root`` as a user types it there: no lock= on the command line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "REPRO_"))}
+    env.update(REPRO_CACHE=str(cache), PIP_CONFIG_FILE=os.devnull)
+    return subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_workspace_file_is_the_default_lock(workspace: Workspace) -> None:
+    """reprostack.toml in the workspace supplies lock= (said on every run); the command line still wins;
+    a mistake in the file names the file."""
+    (workspace.root / WORKSPACE_FILE).write_text('lock = "example.lock"\nprofile = "quick"\n')
+    res = doit_here(workspace.root, workspace.cache, "list", "--all")
+    assert res.returncode == 0, res.stderr
+    assert f"lock: example.lock (from {WORKSPACE_FILE}; lock=PATH overrides it)" in res.stderr
+    assert "build:repro_pybind" in res.stdout and "build:repro_torchext" not in res.stdout  # profile=quick
+    res = doit_here(workspace.root, workspace.cache, "list", "--all", "lock=missing.lock")
+    assert res.returncode != 0 and "missing.lock: lock file not found" in res.stderr
+    (workspace.root / WORKSPACE_FILE).write_text('lokc = "example.lock"\n')
+    res = doit_here(workspace.root, workspace.cache, "list")
+    assert res.returncode == 10, res.stderr
+    assert f"{WORKSPACE_FILE}: unknown variable 'lokc'" in res.stderr
+
+
+def test_one_cause_is_said_once(workspace: Workspace) -> None:
+    """A toolchain that no package can use: every build task fails for the same reason, and it is said once."""
+    workspace.edit_lock('python = ">=3.10"', 'python = ">=9.0"')
+    res = workspace.doit("wheels", "profile=quick", check=False)
+    err = res.stderr
+    assert res.returncode == 16, res.stdout + err
+    assert err.count("does not satisfy '>=9.0'") == 1, err
+    assert "the same error as above" in err, err
+
+
+def test_venv_doit_finds_the_venv_tools() -> None:
+    """`.venv/bin/doit` without activating the venv runs builds with the venv's tools: the first one on the
+    builds' PATH is the interpreter's directory (so its ninja, not the system's)."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not running in a venv")
+    from tasks.context import interpreter_path
+
+    here = os.path.dirname(sys.executable)
+    bare = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != here)
+    assert interpreter_path(bare).split(os.pathsep)[0] == here
+    assert interpreter_path(interpreter_path(bare)) == interpreter_path(bare)
+    ninja = shutil.which("ninja", path=interpreter_path(bare))
+    if ninja is not None and Path(here, "ninja").exists():
+        assert ninja == str(Path(here, "ninja"))

@@ -1,0 +1,64 @@
+"""Unbundling checks every member before writing and each file's bytes while streaming (tasks/bundle.py)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tasks import bundle
+from tasks.errors import BundleError
+
+
+def _bundle(tmp_path: Path) -> Path:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "manifest.json").write_text("{}\n")
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"wheel bytes")
+    out, _digest = bundle.write_bundle(tmp_path / "b.tar", wheels=wheels, info={"lock_sha256": "x", "profile": "p"})
+    out.with_name(out.name + ".sha256").unlink()  # as if carried without it: the members are all there is
+    return out
+
+
+def _rewrite(src: Path, dest: Path, extra: tarfile.TarInfo, data: bytes = b"") -> Path:
+    """``src`` with ``extra`` inserted before its last member (SHA256SUMS)."""
+    with tarfile.open(src) as tin, tarfile.open(dest, "w", format=tarfile.GNU_FORMAT) as tout:
+        infos = tin.getmembers()
+        for info in infos[:-1]:
+            tout.addfile(info, tin.extractfile(info) if info.isreg() else None)
+        tout.addfile(extra, io.BytesIO(data) if data else None)
+        tout.addfile(infos[-1], tin.extractfile(infos[-1]))
+    return dest
+
+
+def test_good_bundle_unpacks(tmp_path: Path) -> None:
+    doc = bundle.unpack(_bundle(tmp_path), tmp_path / "dest")
+    assert doc["verified_files"] == 3
+    assert (tmp_path / "dest" / "wheels" / "a-1.0-py3-none-any.whl").read_bytes() == b"wheel bytes"
+
+
+def test_symlink_member_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = tarfile.TarInfo(f"{bundle.TOP}/wheels/evil")
+    link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+    bad = _rewrite(_bundle(tmp_path), tmp_path / "bad.tar", link)
+    with pytest.raises(BundleError, match="a symbolic link; only files and directories"):
+        bundle.unpack(bad, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists() and not list(outside.iterdir())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dest.")]
+
+
+def test_changed_bytes_stop_the_unpacking(tmp_path: Path) -> None:
+    good = _bundle(tmp_path)
+    with tarfile.open(good) as tin, tarfile.open(tmp_path / "bad.tar", "w", format=tarfile.GNU_FORMAT) as tout:
+        for info in tin.getmembers():
+            data = tin.extractfile(info).read() if info.isreg() else None  # type: ignore[union-attr]
+            if info.name.endswith(".whl"):
+                data = b"WHEEL BYTES"  # same size, other bytes
+            tout.addfile(info, io.BytesIO(data) if data is not None else None)
+    with pytest.raises(BundleError, match=r"sha256 differs: wheels/a-1\.0-py3-none-any\.whl"):
+        bundle.unpack(tmp_path / "bad.tar", tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
