@@ -40,7 +40,11 @@ else
       say "installing $TORCH, CPU build (${url##*/})"
       "${PIP[@]}" install -q "$TORCH" ;;
     *)
-      say "torch not installed: your package index offers ${url:+only }${url:-no} build of $TORCH${url:+ with CUDA (${url##*/}; about 5 GB with its CUDA libraries)}."
+      if [ -n "$url" ]; then
+        say "torch not installed: your package index offers $TORCH only as a CUDA build (${url##*/}: about 5 GB with its CUDA libraries)."
+      else
+        say "torch not installed: your package index offers no wheel of $TORCH for this Python."
+      fi
       say "  The example's torch extension (repro_torchext) is left out. To build it too: .venv/bin/python -m pip install torch" ;;
   esac
 fi

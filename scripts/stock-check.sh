@@ -42,8 +42,9 @@ image_for() {  # distribution -> image ID (made once per recipe)
                 curl -fsS -o "$work/keyring.deb" "$UBUNTU_KEYRING_DEB"
                 echo "$UBUNTU_KEYRING_SHA256  $work/keyring.deb" | sha256sum -c --quiet - >&2
                 dpkg-deb -x "$work/keyring.deb" "$work/keyring"
-                args=(--keyring="$work/keyring/usr/share/keyrings/ubuntu-archive-keyring.gpg"
-                      --components=main,universe noble - http://archive.ubuntu.com/ubuntu) ;;
+                # apt on a Debian host does not take mmdebstrap's --keyring for another
+                # distribution's archive (NO_PUBKEY); a signed-by source line does.
+                args=(noble - "deb [signed-by=$work/keyring/usr/share/keyrings/ubuntu-archive-keyring.gpg] http://archive.ubuntu.com/ubuntu noble main universe") ;;
             *) log "unknown distribution $dist (bookworm or noble)"; exit 2 ;;
         esac
         log "mmdebstrap $dist ($PACKAGES) -> $tag"

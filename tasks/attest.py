@@ -38,9 +38,14 @@ def source_date() -> datetime | None:
 
 def patch_files(ctx: Context, pkg: Package) -> list[tuple[str, str]]:
     """(path relative to the lock's directory, sha256) of each patch of ``pkg``, in order."""
+    if pkg.prebuilt:
+        return []
     _key, doc = ctx.key(pkg)
     digests = [p["sha256"] for p in doc["patches"]]
-    paths = [os.path.relpath(path, ctx.lock.path.parent) for _name, path in ctx.patches(pkg)]
+    paths = [
+        os.path.relpath(patch.path, ctx.lock.path.parent) if isinstance(entry, str) else patch.name
+        for entry, patch in zip(pkg.patches, ctx.patches(pkg), strict=True)
+    ]
     return list(zip(paths, digests, strict=True))
 
 
@@ -53,6 +58,19 @@ def files(ctx: Context, records: Sequence[WheelRecord]) -> dict[str, str]:
     patches = {pkg.name: patch_files(ctx, pkg) for pkg in active}
     out: dict[str, str] = {}
     for rec in records:
+        if rec.origin != "built":
+            fetched = provenance.fetched_statement(
+                filename=rec.filename,
+                sha256=rec.sha256,
+                url=rec.url,
+                name=rec.package,
+                lock=str(ctx.lock.path),
+                lock_sha256=ctx.lock.sha256,
+                profile=ctx.settings.profile,
+                builder_version=tool_version(),
+            )
+            out[f"{provenance.DIRECTORY}/{rec.filename}{provenance.SUFFIX}"] = provenance.render(fetched)
+            continue
         pkg = by_name[rec.package]
         key, doc = ctx.key(pkg)
         workdir = str(reproducible.canonical_dir(pkg.name) / pkg.subdir)
@@ -72,15 +90,17 @@ def files(ctx: Context, records: Sequence[WheelRecord]) -> dict[str, str]:
             builder_version=tool_version(),
         )
         out[f"{provenance.DIRECTORY}/{rec.filename}{provenance.SUFFIX}"] = provenance.render(statement)
-    used = {name for pkg in active for name in pkg.source_names()}
+    used = {name for pkg in active for name in (*pkg.source_names(), *pkg.patch_sources())}
     extras = sorted({e for pkg in active for e in pkg.toolchain_extras})
+    # A wheelhouse of prebuilt and fetched wheels only needs no toolchain, so none is probed for it.
+    info = ctx.toolchain if any(not p.prebuilt for p in active) else None
     bom = sbom.build_bom(
         records=records,
         packages=active,
         sources={name: src for name, src in ctx.lock.sources.items() if name in used},
         patches=patches,
-        fingerprint=toolchain.description(ctx.toolchain, extras=extras, cuda=any(p.needs_cuda for p in active)),
-        nvcc_release=toolchain.nvcc_release(ctx.toolchain),
+        fingerprint=toolchain.description(info, extras=extras, cuda=any(p.needs_cuda for p in active)) if info else {},
+        nvcc_release=toolchain.nvcc_release(info) if info else "",
         lock=str(ctx.lock.path),
         lock_sha256=ctx.lock.sha256,
         profile=ctx.settings.profile,

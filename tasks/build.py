@@ -25,7 +25,7 @@ from tasks.context import Context
 from tasks.errors import BuildError
 from tasks.jobserver import killed_for_memory
 from tasks.lockfile import Package
-from tasks.sources import verified_source
+from tasks.sources import ensure_wheel, verified_source
 from tasks.stage import stage_package
 from tasks.timeline import Outcome, Progress, Unit, interval_union, parse_ninja_log, read_waits
 from tasks.wheelnorm import DEFAULT_EPOCH, normalize_wheel
@@ -175,6 +175,9 @@ def build_package(ctx: Context, pkg: Package) -> WheelEntry:
     """
     key, doc = ctx.key(pkg)
     entry = ctx.cache.get_wheel(key)
+    if entry is None and pkg.prebuilt:
+        with ctx.cache.lock(f"wheel-{key}"):
+            return ctx.cache.get_wheel(key) or _place_prebuilt(ctx, pkg, key, doc)
     if entry is None:
         with ctx.cache.lock(f"wheel-{key}"):
             entry = ctx.cache.get_wheel(key)
@@ -182,6 +185,16 @@ def build_package(ctx: Context, pkg: Package) -> WheelEntry:
                 return _restore_or_build(ctx, pkg, key, doc)
     if ctx.remote is not None:
         ctx.remote.upload(entry, pkg.name, doc, if_missing=True)
+    return entry
+
+
+def _place_prebuilt(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> WheelEntry:
+    """A prebuilt package's wheel (its source is the wheel file), verified by sha256, into the wheel cache as is."""
+    src = ctx.lock.sources[pkg.source]
+    wheel = ensure_wheel(src, cache=ctx.cache, mirror=ctx.settings.mirror)
+    entry = ctx.cache.put_wheel(key, wheel, {"package": pkg.name, "key_document": doc, "prebuilt": src.url})
+    ctx.record(Outcome(package=pkg.name, status="prebuilt"))
+    print(f"placed {pkg.name}: {entry.path.name} (prebuilt, sha256:{entry.sha256[:16]}…, from {src.url})", flush=True)
     return entry
 
 

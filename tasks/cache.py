@@ -10,6 +10,7 @@ Layout under the cache root::
     toolchains/<set hash>/    hermetic toolchains: site/ (the pinned wheels, installed), meta.json
     locks/                    file locks shared by concurrent doit processes
     objects/                  ccache's compile-object cache (size-limited by ccache)
+    fetched/<sha256>/         wheels used as they are: the runtime closure's, prebuilt ones (file, origin)
     timings/<package>.json    compile seconds per unit at the package's last build (tasks/ninjaorder.py)
     tmp/                      work in progress, renamed into place when complete
 
@@ -101,6 +102,23 @@ class Cache:
     @property
     def objects(self) -> Path:
         return self.root / "objects"
+
+    @property
+    def fetched(self) -> Path:
+        """Wheels fetched as they are (the runtime closure, prebuilt wheels): ``<sha256>/<file>``, ``origin``."""
+        path = self.root / "fetched"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def fetched_wheel(self, sha256: str) -> Path | None:
+        """The stored wheel whose sha256 is ``sha256``, checked again (a changed file is discarded)."""
+        folder = self.root / "fetched" / sha256
+        for path in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
+            if file_sha256(path) == sha256:
+                return path
+            warn(f"corrupted fetched wheel {path}: its sha256 changed; discarded, it is fetched again")
+            rmtree(folder)
+        return None
 
     def source_dir(self, tree_sha256: str) -> Path:
         return self.root / "sources" / tree_sha256

@@ -18,13 +18,14 @@ from typing import Any
 from tasks import builder as builder_mod
 from tasks import hermetic, objcache, reproducible, toolchain
 from tasks.cache import Cache
-from tasks.errors import ReproError, ToolchainError
+from tasks.errors import FetchError, PatchError, ReproError, ToolchainError
 from tasks.jobserver import JobServer, plan_budget
-from tasks.keys import action_key, key_document
+from tasks.keys import RECIPE_FORMAT, action_key, key_document
 from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
 from tasks.objcache import ObjectCache
 from tasks.remote import Remote
 from tasks.settings import WORKSPACE_FILE, Settings, load_settings
+from tasks.stage import Patch
 from tasks.timeline import Outcome
 from tasks.treehash import file_sha256
 
@@ -74,7 +75,7 @@ class Context:
     def hermetic(self) -> hermetic.Hermetic | None:
         """The lock's hermetic toolchain ([toolchain.hermetic]), installed on first use; None when off."""
         pins = self.lock.toolchain.hermetic
-        if not pins:
+        if not pins and not self.lock.toolchain.hermetic_wheels:
             return None
         if self.builder is not None:
             raise ToolchainError(
@@ -82,8 +83,22 @@ class Context:
                 "build on the host (builder=host) or remove [toolchain.hermetic]"
             )
         return hermetic.ensure(
-            pins, cache=self.cache, mirror=self.settings.mirror, log=self.settings.logs / "toolchain-hermetic.log"
+            pins,
+            cache=self.cache,
+            mirror=self.settings.mirror,
+            log=self.settings.logs / "toolchain-hermetic.log",
+            wheels=self.hermetic_wheels(),
         )
+
+    def hermetic_wheels(self) -> list[tuple[Path, str]]:
+        """The files of ``[toolchain.hermetic] wheels`` (fetched and verified now if needed), with their sha256."""
+        from tasks.sources import ensure_wheel
+
+        out = []
+        for name in self.lock.toolchain.hermetic_wheels:
+            src = self.lock.sources[name]
+            out.append((ensure_wheel(src, cache=self.cache, mirror=self.settings.mirror), src.sha256))
+        return out
 
     @cached_property
     def remote(self) -> Remote | None:
@@ -118,10 +133,17 @@ class Context:
 
     def missing(self, pkg: Package) -> str:
         """What the toolchain lacks for ``pkg`` ('' when nothing): unmet [toolchain] lines or build requirements."""
+        if pkg.prebuilt:
+            return ""  # placed as it is: no toolchain
         info = self.toolchain
         problems = toolchain.toolchain_problems(self.lock.toolchain, info, torch=pkg.needs_torch, cuda=pkg.needs_cuda)
         if pkg.needs_cuda and not self.lock.toolchain.cuda and not info["tools"].get("nvcc_path"):
             problems.append("nvcc not found; put it on PATH or set CUDA_HOME")
+        if pkg.compiles_extension and not info["python"].get("headers", True):
+            problems.append(
+                f"Python's C headers (Python.h) are not installed for {sys.executable} "
+                "(Debian and Ubuntu: apt-get install python3-dev)"
+            )
         if not problems:
             try:
                 toolchain.check_build_requires(pkg.build_requires, info, package=pkg.name)
@@ -143,11 +165,38 @@ class Context:
         """The profile's packages this run builds: all of them but optional ones the host cannot build."""
         return tuple(p for p in self.packages if not self.skipped(p))
 
-    def patches(self, pkg: Package) -> list[tuple[str, Path]]:
-        return [(p, self.lock.patch_path(pkg.name, p)) for p in pkg.patches]
+    def patches(self, pkg: Package) -> list[Patch]:
+        """``pkg``'s patches in order: ours from the lock's patches folder, others from the source holding them."""
+        out = []
+        for entry in pkg.patches:
+            if isinstance(entry, str):
+                out.append(Patch(entry, self.lock.patch_path(pkg.name, entry)))
+                continue
+            src = self.lock.sources[entry.source]
+            if not self.cache.has_source(src.tree_sha256):
+                raise FetchError(
+                    f"package {pkg.name}: patch source {src.name} is not fetched yet (`doit fetch:{src.name}`)"
+                )
+            path = self.cache.source_tree(src.tree_sha256) / entry.path
+            if not path.is_file():
+                pin = src.commit or src.sha256 or src.tree_sha256
+                raise PatchError(
+                    f"package {pkg.name}: patch {entry.path!r} does not exist in source {src.name} at {pin} "
+                    f"({src.url or src.project}); fix the path in {self.lock.path} or pin the source where it exists"
+                )
+            out.append(Patch(entry.name, path, entry.strip))
+        return out
 
     def key(self, pkg: Package) -> tuple[str, dict[str, Any]]:
         """The action key of ``pkg`` and the document it hashes."""
+        if pkg.name not in self._keys and pkg.prebuilt:
+            src = self.lock.sources[pkg.source]
+            doc: dict[str, Any] = {
+                "recipe_format": RECIPE_FORMAT,
+                "package": pkg.name,
+                "prebuilt": {"url": src.url, "filename": src.filename, "sha256": src.sha256},
+            }
+            self._keys[pkg.name] = (action_key(doc), doc)
         if pkg.name not in self._keys:
             info = self.toolchain
             toolchain.check_expectations(
@@ -162,16 +211,26 @@ class Context:
             doc = key_document(
                 pkg,
                 sources=self.lock.sources,
-                patches=[(name, file_sha256(path)) for name, path in self.patches(pkg)],
+                patches=[
+                    (name if strip == 1 else f"{name} (-p{strip})", file_sha256(path))
+                    for name, path, strip in self.patches(pkg)
+                ],
                 toolchain=toolchain.fingerprint(info, extras=pkg.toolchain_extras, cuda=pkg.needs_cuda),
                 archs=self.lock.toolchain.archs,
                 build_requires=requires,
                 reproducible=reproducible.key_section(reproducible.method(), nvcc_seed=self.nvcc_seed),
                 builder=self.builder.pin if self.builder is not None else None,
-                hermetic=hermetic.key_section(self.lock.toolchain.hermetic) if self.lock.toolchain.hermetic else None,
+                hermetic=self._hermetic_key(),
             )
             self._keys[pkg.name] = (action_key(doc), doc)
         return self._keys[pkg.name]
+
+    def _hermetic_key(self) -> dict[str, object] | None:
+        tc = self.lock.toolchain
+        if not tc.hermetic and not tc.hermetic_wheels:
+            return None
+        wheels = [(self.lock.sources[n].filename, self.lock.sources[n].sha256) for n in tc.hermetic_wheels]
+        return hermetic.key_section(tc.hermetic, wheels)
 
     def placeholder_values(self) -> dict[str, str]:
         info = self.toolchain

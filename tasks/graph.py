@@ -25,6 +25,7 @@ import errno
 import functools
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -43,10 +44,7 @@ from tasks.lockfile import format_problems
 TaskDict = dict[str, Any]
 
 #: What the line of a skipped optional package says about building it after all.
-SKIP_HINT = (
-    "It builds once the host has that (nvcc on PATH or CUDA_HOME; torch in this Python); without a CUDA "
-    "install, a lock with [toolchain.hermetic] builds with nvcc from PyPI wheels (docs/lock.md)"
-)
+SKIP_HINT = "It builds once the host has that; without a CUDA install, see docs/lock.md (Hermetic toolchain)"
 
 #: Every task prints straight to the console, uncaptured. doit's capture swaps
 #: the process-wide sys.stdout for a per-action writer over a StringIO; with
@@ -187,6 +185,8 @@ class SourceCached:
     def __call__(self, task: Any, values: Any) -> bool:
         ctx = context()
         src = ctx.lock.sources[self.source]
+        if src.kind == "wheel":
+            return bool(src.sha256) and (ctx.cache.root / "fetched" / src.sha256).is_dir()
         return bool(src.tree_sha256) and ctx.cache.has_source(src.tree_sha256)
 
     def __repr__(self) -> str:
@@ -247,7 +247,8 @@ class WheelhouseCurrent:
 
 @guarded
 def _do_lock() -> None:
-    from tasks.lockcmd import lock_hermetic, lock_sources
+    from tasks.lockcmd import lock_hermetic, lock_runtime, lock_sources
+    from tasks.lockfile import load_lock
     from tasks.registry import lock_image_digests, split_update
 
     ctx = context()
@@ -260,17 +261,28 @@ def _do_lock() -> None:
         ctx.settings.lock, ctx.cache, mirror=ctx.settings.mirror, logs=ctx.settings.logs, update=sources_update
     ):
         print(f"  {line}", flush=True)
+    for line in lock_runtime(
+        ctx.settings.lock, ctx.cache, wheels=ctx.settings.wheels, logs=ctx.settings.logs, update=sources_update
+    ):
+        print(f"  {line}", flush=True)
     for line in lock_image_digests(ctx.settings.lock, images_update):
         print(f"  {line}", flush=True)
-    print(f"wrote {ctx.settings.lock}", flush=True)
+    still = load_lock(ctx.settings.lock, require_pins=False).unpinned
+    print(f"wrote {ctx.settings.lock}" + (f"; {len(still)} pin(s) still open:" if still else ""), flush=True)
+    for line in still:
+        print(f"  open: {line}", flush=True)
 
 
 @guarded
 def _do_fetch(name: str) -> None:
-    from tasks.sources import ensure_source
+    from tasks.sources import ensure_source, ensure_wheel
 
     _require_pins()
     ctx = context()
+    src = ctx.lock.sources[name]
+    if src.kind == "wheel":
+        ensure_wheel(src, cache=ctx.cache, mirror=ctx.settings.mirror)
+        return
     ensure_source(
         ctx.lock.sources[name], cache=ctx.cache, mirror=ctx.settings.mirror, log=ctx.settings.logs / f"fetch-{name}.log"
     )
@@ -292,6 +304,23 @@ def _do_mirror() -> None:
         print(f"hermetic toolchain: the wheels of {len(pins)} pins into {ctx.settings.mirror / 'wheels'}", flush=True)
         for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=ctx.settings.mirror):
             print(f"  {line}", flush=True)
+    runtime = ctx.lock.runtime
+    if runtime is not None and runtime.resolved:
+        from tasks import closure
+
+        target = closure.target_of(runtime)
+        dest = ctx.settings.mirror / "wheels"
+        dest.mkdir(parents=True, exist_ok=True)
+        total = 0
+        for pin in runtime.resolved:
+            path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), ctx.cache.fetched,
+                                 mirror=ctx.settings.mirror, indexes=None, target=target)  # fmt: skip
+            if not (dest / path.name).is_file():
+                tmp = dest / f".{path.name}.tmp"
+                shutil.copyfile(path, tmp)
+                os.replace(tmp, dest / path.name)
+            total += path.stat().st_size
+        print(f"  runtime closure: {len(runtime.resolved)} wheels in {dest} ({total / 1e6:.1f} MB)", flush=True)
     print(f"mirror written to {ctx.settings.mirror}", flush=True)
 
 
@@ -372,6 +401,7 @@ def _do_verify() -> None:
         wheel_dir=ctx.settings.wheels,
         work_dir=ctx.settings.builddir / "verify",
         gpu=ctx.settings.gpu,
+        isolated=ctx.settings.isolated,
         log_dir=ctx.settings.logs,
     )
 
@@ -505,7 +535,7 @@ def task_stage() -> Iterator[TaskDict]:
         yield {
             "name": pkg.name,
             "actions": [(_do_stage, [pkg.name])],
-            "task_dep": [f"fetch:{s}" for s in pkg.source_names()],
+            "task_dep": [f"fetch:{s}" for s in (*pkg.source_names(), *pkg.patch_sources())],
             "uptodate": [False],
             **CONSOLE,
             "doc": f"stage patched sources of {pkg.name}",
@@ -519,7 +549,7 @@ def task_build() -> Iterator[TaskDict]:
         yield {
             "name": pkg.name,
             "actions": [(_do_build, [pkg.name])],
-            "task_dep": [f"fetch:{s}" for s in pkg.source_names()],
+            "task_dep": [f"fetch:{s}" for s in (*pkg.source_names(), *pkg.patch_sources())],
             "uptodate": [WheelCached(pkg.name)],
             **CONSOLE,
             "doc": f"build the wheel of {pkg.name}",

@@ -67,15 +67,23 @@ LAYOUT_VERSION = 1
 CUDA_SUBDIR = Path("nvidia") / "cu13"
 
 
-def set_sha256(pins: Sequence[WheelPin]) -> str:
-    """The identity of a pinned set: its requirement lines, sorted."""
-    doc = {"layout": LAYOUT_VERSION, "requirements": sorted(p.requirement() for p in pins)}
+def set_sha256(pins: Sequence[WheelPin], wheels: Sequence[tuple[str, str]] = ()) -> str:
+    """The identity of a pinned set: its requirement lines, sorted, and its wheel sources (filename, sha256)."""
+    doc: dict[str, object] = {"layout": LAYOUT_VERSION, "requirements": sorted(p.requirement() for p in pins)}
+    if wheels:
+        doc["wheels"] = sorted(f"{name} --hash=sha256:{sha}" for name, sha in wheels)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def key_section(pins: Sequence[WheelPin]) -> dict[str, object]:
-    """What the action key records about the hermetic toolchain."""
-    return {"sha256": set_sha256(pins), "requirements": sorted(p.requirement() for p in pins)}
+def key_section(pins: Sequence[WheelPin], wheels: Sequence[tuple[str, str]] = ()) -> dict[str, object]:
+    """What the action key records about the hermetic toolchain (``wheels``: its wheel sources' file names, sha256)."""
+    section: dict[str, object] = {
+        "sha256": set_sha256(pins, wheels),
+        "requirements": sorted(p.requirement() for p in pins),
+    }
+    if wheels:
+        section["wheels"] = sorted(f"{name} --hash=sha256:{sha}" for name, sha in wheels)
+    return section
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,29 +106,42 @@ class Hermetic:
         return self.cuda_home / "bin" / "nvcc"
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
-        """``base`` with this toolchain's CUDA first and every other nvcc hidden."""
+        """``base`` with this toolchain's CUDA first and every other nvcc hidden, and its site first on
+        PYTHONPATH (a pinned torch there is the one builds import). Without CUDA wheels, only the latter."""
         env = dict(base)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.site), env.get("PYTHONPATH", "")) if p)
+        if not self.nvcc.is_file():
+            return env
         bin_dir = str(self.nvcc.parent)
         env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", os.defpath)])
         env["CUDA_HOME"] = env["CUDA_PATH"] = str(self.cuda_home)
         env.pop("NVCC", None)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.site), env.get("PYTHONPATH", "")) if p)
         return env
 
 
-def ensure(pins: Sequence[WheelPin], *, cache: Cache, mirror: Path | None, log: Path) -> Hermetic:
-    """The installed toolchain of ``pins``, installed now (atomically) if the cache lacks it."""
-    sha = set_sha256(pins)
+def ensure(
+    pins: Sequence[WheelPin],
+    *,
+    cache: Cache,
+    mirror: Path | None,
+    log: Path,
+    wheels: Sequence[tuple[Path, str]] = (),
+) -> Hermetic:
+    """The installed toolchain of ``pins`` and the wheel files ``wheels`` ((path, sha256): the lock's wheel
+    sources, verified), installed now (atomically) if the cache lacks it."""
+    sha = set_sha256(pins, [(path.name, digest) for path, digest in wheels])
     found = Hermetic(root=cache.root / "toolchains" / sha, sha256=sha)
     if (found.root / "meta.json").is_file():
         return found
     with cache.lock(f"toolchain-{sha}"):
         if (found.root / "meta.json").is_file():
             return found
-        print(f"hermetic toolchain: installing {len(pins)} pinned wheels into {found.root}, log: {log}", flush=True)
+        count = len(pins) + len(wheels)
+        print(f"hermetic toolchain: installing {count} pinned wheels into {found.root}, log: {log}", flush=True)
         with cache.staging(f"toolchain-{sha[:12]}") as tmp:
             requirements = tmp / "requirements.txt"
-            requirements.write_text("".join(p.requirement() + "\n" for p in pins))
+            lines = [p.requirement() for p in pins] + [f"{path} --hash=sha256:{digest}" for path, digest in wheels]
+            requirements.write_text("".join(f"{line}\n" for line in lines))
             proc.run(
                 install_command(requirements, tmp / "site", mirror=mirror),
                 env=_pip_env(),
@@ -129,7 +150,8 @@ def ensure(pins: Sequence[WheelPin], *, cache: Cache, mirror: Path | None, log: 
                 what="install of the hermetic toolchain ([toolchain.hermetic] in the lock)",
             )
             staged = Hermetic(root=tmp, sha256=sha)
-            if not staged.nvcc.is_file():
+            cuda = any(p.name.startswith("nvidia-cuda") for p in pins)
+            if cuda and not staged.nvcc.is_file():
                 raise ToolchainError(
                     f"the hermetic toolchain has no {CUDA_SUBDIR / 'bin' / 'nvcc'}: add nvidia-cuda-nvcc "
                     "(with nvidia-nvvm, nvidia-cuda-crt, nvidia-cuda-runtime, nvidia-cuda-cccl) of CUDA 13 "
@@ -137,8 +159,10 @@ def ensure(pins: Sequence[WheelPin], *, cache: Cache, mirror: Path | None, log: 
                 )
             # nvcc.profile and torch's cpp_extension look for the libraries (cudart_static,
             # cudadevrt) in lib64, where a CUDA install has them; the wheels have lib/.
-            (staged.cuda_home / "lib64").symlink_to("lib")
-            write_atomic(tmp / "meta.json", json.dumps(key_section(pins), indent=2, sort_keys=True) + "\n")
+            if staged.nvcc.is_file():
+                (staged.cuda_home / "lib64").symlink_to("lib")
+            section = key_section(pins, [(path.name, digest) for path, digest in wheels])
+            write_atomic(tmp / "meta.json", json.dumps(section, indent=2, sort_keys=True) + "\n")
             cache.publish_dir(tmp, found.root)
     return found
 

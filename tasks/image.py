@@ -174,7 +174,7 @@ def wheelhouse_problems(
         )
     if doc.get("profile") != profile:
         problems.append(f"manifest.json is for profile {doc.get('profile')!r}, not {profile!r}")
-    have = {str(w["package"]) for w in house.wheels}
+    have = {str(w["package"]) for w in house.wheels if w.get("origin") != "fetched"}  # the closure's are not packages
     if have != set(packages):
         missing, extra = sorted(set(packages) - have), sorted(have - set(packages))
         problems.append(f"packages differ from the lock's: missing {missing or 'none'}, extra {extra or 'none'}")

@@ -31,6 +31,10 @@ class WheelRecord:
     sources: tuple[Mapping[str, Any], ...]
     cuda: bool = False
     verify: Mapping[str, Any] | None = None
+    #: "built" (by us, from the lock's sources), "prebuilt" (a wheel source, as is) or "fetched" (the runtime closure)
+    origin: str = "built"
+    url: str = ""  # where a prebuilt or fetched wheel came from
+    deps: bool = True  # whether its Requires-Dist must be met by the wheelhouse and the provided set
 
     @property
     def name(self) -> str:
@@ -52,6 +56,9 @@ class WheelRecord:
             "sources": list(self.sources),
             "cuda": self.cuda,
             "verify": dict(self.verify or {}),
+            "origin": self.origin,
+            **({"url": self.url} if self.url else {}),
+            **({} if self.deps else {"deps": False}),
         }
 
 
@@ -62,6 +69,7 @@ def manifest(
     lock_sha256: str,
     profile: str,
     archs: Sequence[str],
+    runtime: Mapping[str, Any] | None = None,
 ) -> str:
     doc = {
         "format": MANIFEST_FORMAT,
@@ -69,6 +77,7 @@ def manifest(
         "lock_sha256": lock_sha256,
         "profile": profile,
         "archs": list(archs),
+        **({"runtime": dict(runtime)} if runtime else {}),
         "wheels": [r.to_json() for r in sorted(records, key=lambda r: r.package)],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -8,24 +8,30 @@ by ``update=`` (or ``update=all``; ``update=hermetic`` for the hermetic toolchai
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from tasks import gitsrc, hermetic, pypi
+from tasks import closure, gitsrc, hermetic, pypi
 from tasks.cache import Cache, write_atomic
-from tasks.errors import LockError, ReproError
-from tasks.lockfile import Source, Submodule, load_lock
+from tasks.errors import FetchError, LockError, ReproError
+from tasks.lockfile import Lock, Source, Submodule, load_lock
 from tasks.sources import materialize, source_filter
-from tasks.treehash import tree_sha256
+from tasks.treehash import file_sha256, tree_sha256
 
 
 def _complete(src: Source) -> bool:
+    if src.kind == "wheel":
+        return bool(src.sha256)
     if not src.tree_sha256:
         return False
     if src.kind == "git":
@@ -109,11 +115,11 @@ def lock_sources(
 ) -> list[str]:
     """Fill in the lock file's pins; return one line per source describing what changed."""
     lock = load_lock(lock_path, require_pins=False)
-    unknown = [u for u in update if u != "all" and u not in lock.sources]
+    unknown = [u for u in update if u not in ("all", "runtime") and u not in lock.sources]
     if unknown:
         raise LockError(
             f"update= names unknown source(s) {', '.join(unknown)}; sources: {', '.join(lock.sources)} "
-            "(and: all, hermetic, image, builder)"
+            "(and: all, hermetic, runtime, image, builder)"
         )
     doc = tomlkit.parse(lock_path.read_text())
     report = []
@@ -124,6 +130,9 @@ def lock_sources(
             continue
         entry = doc["sources"][name]
         log = logs / f"lock-{name}.log"
+        if src.kind == "wheel":
+            report.append(_lock_wheel(src, entry, cache))
+            continue
         if src.kind == "git":
             src = _lock_git(src, entry, cache, log, refresh)
         else:
@@ -140,8 +149,135 @@ def lock_sources(
         pin = src.commit if src.kind == "git" else meta.get("archive_sha256", "")
         report.append(f"{name}: {pin[:12]} tree {tree[:12]}")
     write_atomic(lock_path, tomlkit.dumps(doc))
-    load_lock(lock_path)  # what we wrote must validate
+    load_lock(lock_path, require_pins=False)  # what we wrote must validate (some pins may stay open)
     return report
+
+
+def _lock_wheel(src: Source, entry: Any, cache: Cache) -> str:
+    """The sha256 of a wheel source, downloaded once (kept in the fetched store); where the URL cannot be
+    reached here the pin stays empty and the line says how to fill it."""
+    with cache.staging(f"lock-{src.name}") as work:
+        path = work / src.filename
+        try:
+            pypi.download(src.url, path)
+        except FetchError as exc:
+            return (
+                f"{src.name}: NOT PINNED: {src.url} cannot be reached from here ({exc.message.splitlines()[0][:160]}); "
+                f"sha256 stays empty and builds refuse the lock until `doit lock update={src.name}` runs where it can"
+            )
+        digest = file_sha256(path)
+        final = cache.fetched / digest
+        final.mkdir(parents=True, exist_ok=True)
+        os.replace(path, final / src.filename)
+        (final / "origin").write_text(src.url + "\n")
+    entry["sha256"] = digest
+    return f"{src.name}: wheel {src.filename} sha256 {digest[:12]}"
+
+
+def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, update: tuple[str, ...]) -> list[str]:
+    """Resolve ``[runtime]`` into ``resolved`` (see tasks/closure.py); return lines saying what changed.
+
+    Resolved again only when its inputs changed (requirements, provided set, target) or when
+    ``update=runtime`` (or ``all``) asks; the earlier pins are kept wherever the new resolution allows
+    (they go in as constraints first), and a pin whose version did not change keeps its hashes.
+    """
+    lock = load_lock(lock_path, require_pins=False)
+    runtime = lock.runtime
+    if runtime is None or not runtime.requirements:
+        if "runtime" in update:
+            raise LockError(f"update=runtime: {lock_path} has no [runtime] requirements to resolve")
+        return []
+    refresh = "runtime" in update or "all" in update
+    if runtime.resolved and runtime.resolved_from == runtime.digest() and not refresh:
+        return [f"runtime: pinned ({len(runtime.resolved)} distributions)"]
+    target = closure.target_of(runtime)
+    started = time.monotonic()
+    fixed, requires, notes = _ours(lock, wheels, cache)
+    fixed.update(runtime.provided_versions)
+    old = {pin.name: pin for pin in runtime.resolved}
+    requirements = [*runtime.requirements, *requires]
+    log = logs / "lock-runtime.log"
+    try:
+        found = closure.resolve(requirements, fixed, target, constraints=[f"{n}=={p.version}" for n, p in old.items()],
+                                log=log)  # fmt: skip
+    except closure.ResolutionFailed:
+        if not old:
+            raise
+        found = closure.resolve(requirements, fixed, target, log=log)  # the earlier pins did not fit: start afresh
+    indexes = pypi.pip_indexes()
+    pins = []
+    with tempfile.TemporaryDirectory(prefix="lock-runtime-") as work:
+        for name, version in found.items():
+            if name in old and old[name].version == version and old[name].hashes:
+                pins.append(old[name].requirement())
+                continue
+            hashes = closure.file_hashes(name, version, target, work=Path(work), indexes=indexes)
+            pins.append(closure.Pin(name, version, tuple(hashes)).requirement())
+    doc = tomlkit.parse(lock_path.read_text())
+    table = doc["runtime"]
+    array = tomlkit.array()
+    array.multiline(True)
+    array.extend(pins)
+    table["resolved"] = array
+    table["resolved_from"] = runtime.digest()
+    write_atomic(lock_path, tomlkit.dumps(doc))
+    load_lock(lock_path, require_pins=False)  # what we wrote must validate
+    new = dict(found)
+    added = sorted(new.keys() - old.keys())
+    removed = sorted(old.keys() - new.keys())
+    changed = sorted(n for n in new.keys() & old.keys() if new[n] != old[n].version)
+    summary = f"runtime: {len(pins)} distributions for CPython {target.python} ({time.monotonic() - started:.1f} s)"
+    if old:
+        summary += (
+            f"; added {', '.join(added) or 'none'}"
+            f"; changed {', '.join(f'{n} {old[n].version}->{new[n]}' for n in changed) or 'none'}"
+            f"; removed {', '.join(removed) or 'none'}"
+        )
+    return [summary, *notes]
+
+
+def _ours(lock: Lock, wheels: Path, cache: Cache) -> tuple[dict[str, str], list[str], list[str]]:
+    """The distributions this lock makes (name -> version, as fixed points of the resolution), the
+    requirements of those whose wheels exist already (wheels/, or a prebuilt one), and notes on the rest."""
+    fixed: dict[str, str] = {}
+    requires: list[str] = []
+    notes = []
+    built = {}
+    provided = lock.runtime.provided_versions if lock.runtime else {}
+    manifest = wheels / "manifest.json"
+    if manifest.is_file():
+        try:
+            for w in json.loads(manifest.read_text()).get("wheels", []):
+                if w.get("origin", "built") != "fetched" and (wheels / w["filename"]).is_file():
+                    built[w["package"]] = wheels / w["filename"]
+        except (ValueError, KeyError, TypeError):
+            pass
+    for name, pkg in lock.packages.items():
+        src = lock.sources[pkg.source]
+        wheel = built.get(name)
+        if wheel is None and pkg.prebuilt and src.sha256:
+            wheel = cache.fetched_wheel(src.sha256)
+        if wheel is not None:
+            fixed[pkg.distribution_name] = str(parse_wheel_filename(wheel.name)[1])
+            if pkg.deps and pkg.distribution_name not in provided:  # a patched base package needs what the base has
+                requires += [r for r in closure.requires_dist(wheel) if not _names_ours(r, lock)]
+            continue
+        if pkg.prebuilt:
+            fixed[pkg.distribution_name] = str(parse_wheel_filename(src.filename)[1])
+        else:
+            fixed[pkg.distribution_name] = src.version or "0"
+        notes.append(name)
+    if notes:
+        notes = [
+            f"  not built yet (no wheel in {wheels}/): {', '.join(notes)}; `doit wheels` checks their requirements "
+            "against the closure, and `doit lock update=runtime` after a build takes them into the resolution"
+        ]
+    return fixed, requires, notes
+
+
+def _names_ours(requirement: str, lock: Lock) -> bool:
+    name = canonicalize_name(Requirement(requirement).name)
+    return any(pkg.distribution_name == name for pkg in lock.packages.values())
 
 
 def lock_hermetic(lock_path: Path, cache: Cache, *, update: tuple[str, ...]) -> list[str]:

@@ -17,10 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from tasks.errors import LockError
 from tasks.imageref import is_digest, parse_reference
@@ -34,7 +35,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PLACEHOLDER_RE = re.compile(r"\{([a-z_]+)\}")
 
-SOURCE_KINDS = ("git", "url", "pypi")
+SOURCE_KINDS = ("git", "url", "pypi", "wheel")
 #: Placeholders a package's ``env`` values may use; filled from the lock's
 #: toolchain (archs) and the detected toolchain (cudnn_path).
 ENV_PLACEHOLDERS = (
@@ -71,6 +72,42 @@ class WheelPin:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PatchRef:
+    """A patch taken from a pinned source, by path (``{source = "infir2", path = "docker/patch/x.patch"}``)."""
+
+    source: str
+    path: str
+    strip: int = 1  # git apply -p<strip>: leading path components of the diff's names to drop
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}:{self.path}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """``[runtime]``: the environment's runtime requirements, what the target provides, the resolved closure."""
+
+    requirements: tuple[str, ...] = ()
+    provided: tuple[tuple[str, str], ...] = ()  # (canonical name, exact version, or "" for whatever the target has)
+    python: str = ""  # the target's CPython, "3.12"
+    platforms: tuple[str, ...] = ()  # pip --platform tags; empty: tasks/closure.py's default
+    resolved: tuple[WheelPin, ...] = ()
+    resolved_from: str = ""
+
+    def digest(self) -> str:
+        """What the closure was resolved from: requirements, provided set and target (``resolved_from``)."""
+        provided = sorted(f"{n}=={v}" if v else n for n, v in self.provided)
+        doc = {"requirements": sorted(self.requirements), "provided": provided, "python": self.python,
+               "platforms": list(self.platforms)}  # fmt: skip
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def provided_versions(self) -> dict[str, str]:
+        return dict(self.provided)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Toolchain:
     """What the build environment must provide."""
 
@@ -82,6 +119,8 @@ class Toolchain:
     #: ``[toolchain.hermetic]``: wheels installed into a build environment of
     #: their own (tasks/hermetic.py) instead of using the host's CUDA; empty: off.
     hermetic: tuple[WheelPin, ...] = ()
+    #: ``[toolchain.hermetic] wheels``: sources of kind "wheel" installed there too (a pinned torch, say).
+    hermetic_wheels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,8 +162,11 @@ class Source:
             out |= {"url": self.url, "commit": self.commit}
             if self.submodules:
                 out["submodules"] = {s.path: s.commit for s in self.submodules}
-        elif self.kind == "url":
+        elif self.kind in ("url", "wheel"):
             out |= {"url": self.url, "sha256": self.sha256}
+            if self.kind == "wheel":
+                out["filename"] = self.filename
+                out.pop("tree_sha256")
         else:
             out |= {
                 "project": self.project,
@@ -149,7 +191,7 @@ class Package:
     source: str
     overlays: tuple[tuple[str, str], ...] = ()
     subdir: str = ""
-    patches: tuple[str, ...] = ()
+    patches: tuple[str | PatchRef, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     build_requires: tuple[str, ...] = ()
     pip_args: tuple[str, ...] = ()
@@ -161,6 +203,10 @@ class Package:
     #: The project name of the wheel it builds ('' = the package's name); two packages of one lock
     #: never build the same distribution.
     distribution: str = ""
+    #: Its source is a wheel file (kind "wheel"): placed in the wheelhouse as is, not built.
+    prebuilt: bool = False
+    #: Whether its wheel's Requires-Dist enter the runtime closure (false: like pip --no-deps).
+    deps: bool = True
     #: Skipped, with one line saying why, where the host lacks what it needs (nvcc, torch),
     #: instead of failing the run (the example lock's CUDA and torch fixtures); never for the real stack.
     optional: bool = False
@@ -168,6 +214,10 @@ class Package:
 
     def source_names(self) -> tuple[str, ...]:
         return (self.source, *(name for _, name in self.overlays))
+
+    def patch_sources(self) -> tuple[str, ...]:
+        """Sources some of its patches come from (they must be fetched before it builds)."""
+        return tuple(dict.fromkeys(p.source for p in self.patches if isinstance(p, PatchRef)))
 
     @property
     def distribution_name(self) -> str:
@@ -178,6 +228,13 @@ class Package:
     def needs_cuda(self) -> bool:
         """Whether the build compiles CUDA or reads the CUDA install (nvcc, its headers)."""
         return self.cuda or any(f"{{{ph}}}" in v for _, v in self.env for ph in CUDA_PLACEHOLDERS)
+
+    @property
+    def compiles_extension(self) -> bool:
+        """Whether the build compiles a C/C++/CUDA extension against Python (so needs Python's C headers):
+        a CUDA package, a torch extension, or one whose build requirements are an extension toolkit."""
+        kits = {"pybind11", "cython", "nanobind", "scikit-build-core", "torch"}
+        return self.cuda or any(canonicalize_name(Requirement(r).name) in kits for r in self.build_requires)
 
     @property
     def needs_torch(self) -> bool:
@@ -225,6 +282,7 @@ class Lock:
     unpinned: tuple[str, ...] = ()
     image: ImageSpec | None = None
     builder: BuilderSpec | None = None
+    runtime: Runtime | None = None
 
     def patch_path(self, package: str, patch: str) -> Path:
         return self.patches_dir / package / patch
@@ -265,6 +323,8 @@ def _apply_override(pkg: Package, over: Mapping[str, Any]) -> Package:
             )
         elif key == "overlays":
             changes["overlays"] = tuple(sorted(value.items()))
+        elif key == "patches":
+            changes["patches"] = tuple(_patch_entry(v) for v in value)
         elif isinstance(value, list):
             changes[key] = tuple(value)
         else:
@@ -306,6 +366,34 @@ def _is_str_list(v: Any) -> str | None:
 def _is_str_table(v: Any) -> str | None:
     ok = isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
     return None if ok else "must be a table of strings"
+
+
+PATCH_REF_FIELDS = ("source", "path", "strip")
+
+
+def _is_patch_list(v: Any) -> str | None:
+    ok = isinstance(v, list) and all(
+        isinstance(x, str)
+        or (
+            isinstance(x, dict)
+            and set(x) <= set(PATCH_REF_FIELDS)
+            and isinstance(x.get("source"), str)
+            and isinstance(x.get("path"), str)
+            and isinstance(x.get("strip", 1), int)
+        )
+        for x in v
+    )
+    return (
+        None
+        if ok
+        else ('must be a list of patch file names, or tables {source = "SOURCE", path = "path/in/it.patch", strip = 1}')
+    )
+
+
+def _patch_entry(raw: Any) -> str | PatchRef:
+    if isinstance(raw, str):
+        return raw
+    return PatchRef(source=raw["source"], path=raw["path"], strip=int(raw.get("strip", 1)))
 
 
 def _is_table(v: Any) -> str | None:
@@ -414,6 +502,7 @@ TOP_FIELDS = {
     "profiles": _Field(_is_table),
     "image": _Field(_is_table),
     "builder": _Field(_is_table),
+    "runtime": _Field(_is_table),
 }
 TOOLCHAIN_FIELDS = {
     "python": _Field(_is_specifier),
@@ -423,7 +512,7 @@ TOOLCHAIN_FIELDS = {
     "archs": _Field(_is_archs, required=True),
     "hermetic": _Field(_is_table),
 }
-HERMETIC_FIELDS = {"requirements": _Field(_is_str_list, required=True)}
+HERMETIC_FIELDS = {"requirements": _Field(_is_str_list), "wheels": _Field(_is_str_list)}
 #: ``name==version --hash=sha256:<hex> [--hash=sha256:<hex> ...]``, as ``pip hash`` and ``pip-compile`` write them.
 HASH_OPTION_RE = re.compile(r"^--hash[= ](\S*)$")
 SOURCE_COMMON = {
@@ -443,6 +532,12 @@ SOURCE_FIELDS = {
         "submodules": _Field(_is_table),
     },
     "url": SOURCE_COMMON | {"url": _Field(_is_str, required=True), "sha256": _Field(_is_sha256)},
+    "wheel": {
+        "kind": _Field(_is_str, required=True),
+        "url": _Field(_is_str, required=True),
+        "sha256": _Field(_is_sha256),
+        "license": _Field(_is_license),
+    },
     "pypi": SOURCE_COMMON
     | {
         "project": _Field(_is_str, required=True),
@@ -460,7 +555,7 @@ PACKAGE_FIELDS = {
     "source": _Field(_is_str, required=True),
     "overlays": _Field(_is_str_table),
     "subdir": _Field(_is_str),
-    "patches": _Field(_is_str_list),
+    "patches": _Field(lambda v: _is_patch_list(v)),
     "env": _Field(_is_str_table),
     "build_requires": _Field(_is_str_list),
     "pip_args": _Field(_is_str_list),
@@ -471,6 +566,7 @@ PACKAGE_FIELDS = {
     "enabled": _Field(_is_bool),
     "optional": _Field(_is_bool),
     "distribution": _Field(_is_str),
+    "deps": _Field(_is_bool),
     "verify": _Field(_is_table),
 }
 VERIFY_FIELDS = {"imports": _Field(_is_str_list), "smoke": _Field(_is_str)}
@@ -629,6 +725,8 @@ def parse_lock(
     packages = _parse_packages(p, doc.get("packages"), declared_sources, files_dir)
     profiles = _parse_profiles(p, doc.get("profiles"), declared_packages, declared_sources, files_dir)
     image, builder = _parse_images(p, doc.get("image"), doc.get("builder"), path.parent)
+    runtime = _parse_runtime(p, doc.get("runtime"))
+    _check_wheel_sources(p, sources, packages, toolchain, runtime)
     p.raise_if_any(require_pins)
     return Lock(
         unpinned=tuple(p.pins),
@@ -641,7 +739,91 @@ def parse_lock(
         patches_dir=patches_dir,
         image=image,
         builder=builder,
+        runtime=runtime,
     )
+
+
+RUNTIME_FIELDS = {
+    "requirements": _Field(_is_str_list),
+    "provided": _Field(_is_str_list),
+    "python": _Field(_is_str),
+    "platforms": _Field(_is_str_list),
+    "resolved": _Field(_is_str_list),
+    "resolved_from": _Field(_is_sha256),
+}
+PYTHON_TARGET_RE = re.compile(r"^3\.\d+$")
+
+
+def _parse_runtime(p: _Problems, raw: Any) -> Runtime | None:
+    """``[runtime]``; a closure not resolved yet, or resolved from other inputs, is left to `doit lock`."""
+    where = "runtime"
+    if raw is None or not p.check_table(where, raw, RUNTIME_FIELDS):
+        return None
+    requirements = []
+    for line in raw.get("requirements", []):
+        try:
+            Requirement(line)
+        except InvalidRequirement as exc:
+            p.add(where, f"requirement {line!r} is not valid: {exc}")
+            continue
+        requirements.append(line)
+    provided: dict[str, str] = {}
+    for line in raw.get("provided", []):
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            p.add(where, f"provided {line!r} is not valid: {exc}")
+            continue
+        specs = list(req.specifier)
+        exact = len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version
+        if (specs and not exact) or req.extras or req.url or req.marker:
+            p.add(where, f"provided {line!r} must be 'name==version' (what the target has installed) or a bare "
+                  "'name' (whatever version the target has)")  # fmt: skip
+            continue
+        provided[str(canonicalize_name(req.name))] = specs[0].version if specs else ""
+    python = raw.get("python", "")
+    if not PYTHON_TARGET_RE.match(python):
+        p.add(where, f"python must be the target's CPython as '3.Y' (such as '3.12'), got {python!r}")
+    runtime = Runtime(
+        requirements=tuple(requirements),
+        provided=tuple(sorted(provided.items())),
+        python=python,
+        platforms=tuple(raw.get("platforms", ())),
+        resolved=_parse_pins(p, f"{where}.resolved", raw.get("resolved", []), hashed=True),
+        resolved_from=raw.get("resolved_from", ""),
+    )
+    if requirements and (not runtime.resolved or runtime.resolved_from != runtime.digest()):
+        p.unpinned(where, "the closure is not resolved for these requirements, provided set and target yet "
+                   "(run `doit lock` to resolve and pin it)")  # fmt: skip
+    return runtime
+
+
+def _check_wheel_sources(
+    p: _Problems, sources: Mapping[str, Source], packages: Mapping[str, Package], toolchain: Toolchain,
+    runtime: Runtime | None,
+) -> None:  # fmt: skip
+    """Prebuilt packages, patches and hermetic wheels against the kinds of the sources they name."""
+    for name, pkg in packages.items():
+        src = sources.get(pkg.source)
+        if pkg.prebuilt:
+            if src is not None and src.kind != "wheel":
+                p.add(f"packages.{name}", "deps applies to prebuilt packages (a source of kind 'wheel') only")
+        for ref in pkg.patches:
+            if isinstance(ref, PatchRef):
+                patch_src = sources.get(ref.source)
+                if patch_src is None:
+                    p.add(f"packages.{name}", f"patch source {ref.source!r} is not defined under [sources]"
+                          f"{_suggest(ref.source, sources)}")  # fmt: skip
+                elif patch_src.kind == "wheel":
+                    p.add(f"packages.{name}", f"patch source {ref.source!r} is a wheel; patches come from source trees")
+                if ref.path.startswith("/") or ".." in Path(ref.path).parts or not ref.path:
+                    p.add(f"packages.{name}", f"patch path {ref.path!r} must be relative and inside its source")
+    for wheel in toolchain.hermetic_wheels:
+        if wheel not in sources:
+            p.add("toolchain.hermetic", f"wheels names unknown source {wheel!r}{_suggest(wheel, sources)}")
+        elif sources[wheel].kind != "wheel":
+            p.add("toolchain.hermetic", f"wheels: source {wheel!r} is of kind {sources[wheel].kind!r}, not 'wheel'")
+    del runtime  # a provided package rebuilt by us must build the provided version: checked when it is built
 
 
 def _parse_images(
@@ -678,6 +860,9 @@ def _parse_toolchain(p: _Problems, raw: Any) -> Toolchain:
         cuda=raw.get("cuda", ""),
         archs=tuple(raw["archs"]),
         hermetic=_parse_hermetic(p, raw.get("hermetic")),
+        hermetic_wheels=tuple(raw.get("hermetic", {}).get("wheels", []))
+        if isinstance(raw.get("hermetic"), dict)
+        else (),
     )
 
 
@@ -690,10 +875,16 @@ def _parse_hermetic(p: _Problems, raw: Any) -> tuple[WheelPin, ...]:
     where = "toolchain.hermetic"
     if raw is None or not p.check_table(where, raw, HERMETIC_FIELDS):
         return ()
-    if not raw["requirements"]:
+    if not raw.get("requirements") and not raw.get("wheels"):
         p.add(where, "requirements is empty; list the pinned wheels, or remove [toolchain.hermetic]")
+    return _parse_pins(p, where, raw.get("requirements", []), hashed=False)
+
+
+def _parse_pins(p: _Problems, where: str, lines: list[str], *, hashed: bool) -> tuple[WheelPin, ...]:
+    """``name==version --hash=sha256:<hex> ...`` lines. ``hashed``: a line without hashes is an error
+    (`doit lock` writes them all); otherwise it is an unpinned entry `doit lock` fills in."""
     pins: dict[str, WheelPin] = {}
-    for line in raw["requirements"]:
+    for line in lines:
         spec, *options = line.split(" --")
         options = [f"--{o.strip()}" for o in options]
         try:
@@ -720,8 +911,10 @@ def _parse_hermetic(p: _Problems, raw: Any) -> tuple[WheelPin, ...]:
         key = canonicalize_name(req.name)
         if key in pins:
             problems.append(f"pins {req.name} a second time")
+        if hashed and not options:
+            problems.append("has no --hash=sha256:... (`doit lock` writes every resolved pin with its hashes)")
         if problems:
-            if not options:
+            if not options and not hashed:
                 problems.append("has no --hash=sha256:... (`doit lock` fills them in for an exact pin)")
             p.add(where, f"requirement {line!r} " + "; ".join(problems))
             continue
@@ -785,6 +978,15 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
                 )
         if kind == "url" and "sha256" not in entry:
             p.unpinned(where, "missing 'sha256' of the archive (run `doit lock` to fill it in)")
+        filename = entry.get("filename", "")
+        if kind == "wheel":
+            filename = unquote(urlparse(entry["url"]).path.rsplit("/", 1)[-1])
+            try:
+                parse_wheel_filename(filename)
+            except InvalidWheelFilename:
+                p.add(where, f"url must name a wheel file (NAME-VERSION-TAGS.whl), not {filename!r}")
+            if "sha256" not in entry:
+                p.unpinned(where, "missing 'sha256' of the wheel (run `doit lock` where the URL is reachable)")
         if kind == "pypi" and not ("filename" in entry and "sha256" in entry):
             p.unpinned(
                 where,
@@ -797,7 +999,7 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
                     where,
                     f"filename {entry['filename']!r} does not belong to project {entry['project']!r}",
                 )
-        if "tree_sha256" not in entry:
+        if "tree_sha256" not in entry and kind != "wheel":
             p.unpinned(where, "missing 'tree_sha256' (run `doit lock` to compute it)")
         out[name] = Source(
             name=name,
@@ -808,7 +1010,7 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
             submodules=tuple(sorted(subs, key=lambda s: s.path)),
             project=entry.get("project", ""),
             version=entry.get("version", ""),
-            filename=entry.get("filename", ""),
+            filename=filename,
             sha256=entry.get("sha256", ""),
             tree_sha256=entry.get("tree_sha256", ""),
             strip=entry.get("strip"),
@@ -863,7 +1065,7 @@ def _check_package_values(
             )
     if patches_dir is not None:
         for patch in entry.get("patches", ()):
-            if not (patches_dir / name / patch).is_file():
+            if isinstance(patch, str) and not (patches_dir / name / patch).is_file():
                 p.add(where, f"patch {patch!r} not found at {patches_dir / name / patch}")
     verify = entry.get("verify")
     if isinstance(verify, dict):
@@ -873,14 +1075,18 @@ def _check_package_values(
         p.add(where, f"subdir {subdir!r} must be relative and inside the tree")
 
 
-def _package_from(name: str, entry: Mapping[str, Any]) -> Package:
+#: What a prebuilt package (its source a wheel file) may set: nothing about a build.
+PREBUILT_FIELDS = ("source", "enabled", "optional", "distribution", "deps", "verify")
+
+
+def _package_from(name: str, entry: Mapping[str, Any], prebuilt: bool = False) -> Package:
     verify = entry.get("verify", {})
     return Package(
         name=name,
         source=entry["source"],
         overlays=tuple(sorted(entry.get("overlays", {}).items())),
         subdir=entry.get("subdir", ""),
-        patches=tuple(entry.get("patches", ())),
+        patches=tuple(_patch_entry(x) for x in entry.get("patches", ())),
         env=tuple(sorted(entry.get("env", {}).items())),
         build_requires=tuple(entry.get("build_requires", ())),
         pip_args=tuple(entry.get("pip_args", ())),
@@ -891,6 +1097,8 @@ def _package_from(name: str, entry: Mapping[str, Any]) -> Package:
         enabled=bool(entry.get("enabled", True)),
         optional=bool(entry.get("optional", False)),
         distribution=entry.get("distribution", ""),
+        prebuilt=prebuilt,
+        deps=bool(entry.get("deps", True)),
         verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
     )
 
@@ -909,7 +1117,16 @@ def _parse_packages(p: _Problems, raw: Any, sources: Mapping[str, Any], patches_
         if not p.check_table(where, entry, PACKAGE_FIELDS):
             continue
         _check_package_values(p, where, name, entry, sources, patches_dir)
-        out[name] = _package_from(name, entry)
+        raw_source = sources.get(entry["source"])
+        prebuilt = isinstance(raw_source, dict) and raw_source.get("kind") == "wheel"
+        if prebuilt:
+            extra = [k for k in entry if k not in PREBUILT_FIELDS]
+            if extra:
+                p.add(where, f"source {entry['source']!r} is a wheel, placed as is: {', '.join(extra)} "
+                      f"do(es) not apply (a prebuilt package takes {', '.join(PREBUILT_FIELDS)})")  # fmt: skip
+        elif "deps" in entry:
+            p.add(where, "deps applies only to a prebuilt package (its source of kind 'wheel')")
+        out[name] = _package_from(name, entry, prebuilt)
     builds: dict[str, str] = {}
     for name, pkg in out.items():
         first = builds.setdefault(pkg.distribution_name, name)

@@ -147,6 +147,30 @@ def statement(
     }
 
 
+#: Wheels taken as they are (a prebuilt wheel source, the runtime closure): fetched and hash-checked, not built.
+FETCH_TYPE = "https://reprostack.invalid/build-types/fetched-wheel/v1"
+
+
+def fetched_statement(
+    *, filename: str, sha256: str, url: str, name: str, lock: str, lock_sha256: str, profile: str, builder_version: str
+) -> dict[str, Any]:
+    """The statement of a wheel placed as it is: where it came from and the lock pin it was checked against."""
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": filename, "digest": {"sha256": sha256}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": FETCH_TYPE,
+                "externalParameters": {"lock": lock, "lock_sha256": lock_sha256, "profile": profile, "package": name},
+                "internalParameters": {"checked": "sha256 pinned by the lock"},
+                "resolvedDependencies": [{"name": f"wheel:{filename}", "uri": url, "digest": {"sha256": sha256}}],
+            },
+            "runDetails": {"builder": {"id": BUILDER_ID, "version": {"reprostack": builder_version}}},
+        },
+    }
+
+
 def render(doc: Mapping[str, Any]) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 

@@ -58,7 +58,17 @@ def parse_simple_page(html: str, base_url: str) -> list[Link]:
 
 
 def pip_indexes() -> list[str]:
-    """The index URLs pip is configured with, main index first."""
+    """The index URLs pip is configured with, main index first (asked of pip once per configuration)."""
+    settings = tuple(os.environ.get(k, "") for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE"))
+    if settings not in _INDEXES:
+        _INDEXES[settings] = _pip_indexes()
+    return list(_INDEXES[settings])
+
+
+_INDEXES: dict[tuple[str, ...], list[str]] = {}
+
+
+def _pip_indexes() -> list[str]:
     main = os.environ.get("PIP_INDEX_URL", "")
     extra = os.environ.get("PIP_EXTRA_INDEX_URL", "").split()
     if not main or not extra:

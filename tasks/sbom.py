@@ -91,6 +91,21 @@ def source_component(src: Source) -> Component:
         comp = _git(src.name, src.url, src.commit, f"source:{src.name}", src.license, subs)
         comp.properties.update(props)
         return comp
+    if src.kind == "wheel":
+        return Component(
+            type=ComponentType.LIBRARY,
+            name=src.name,
+            version=f"sha256:{src.sha256}",
+            bom_ref=f"source:{src.name}",
+            licenses=licenses(src.license),
+            hashes=_sha256(src.sha256),
+            purl=PackageURL(type="generic", name=src.name, qualifiers={"download_url": src.url}),
+            external_references=[ExternalReference(type=ExternalReferenceType.DISTRIBUTION, url=XsUri(src.url))],
+            properties=[
+                Property(name=f"{PROP}:kind", value="wheel"),
+                Property(name=f"{PROP}:filename", value=src.filename),
+            ],
+        )
     if src.kind == "url":
         return Component(
             type=ComponentType.LIBRARY,
@@ -185,7 +200,9 @@ def build_bom(
     reprostack = Component(type=ComponentType.APPLICATION, name="reprostack", version=tool_version)
     wheels = []
     for rec in sorted(records, key=lambda r: r.package):
-        pkg = by_name[rec.package]
+        if rec.origin == "fetched":
+            wheels.append(_fetched_component(rec))
+            continue
         pkg_patches = patches.get(rec.package, ())
         pedigree = None
         if pkg_patches:
@@ -210,6 +227,7 @@ def build_bom(
                 pedigree=pedigree,
                 properties=[
                     Property(name=f"{PROP}:package", value=rec.package),
+                    Property(name=f"{PROP}:origin", value=rec.origin),
                     Property(name=f"{PROP}:action_key", value=rec.action_key),
                     Property(name=f"{PROP}:cuda", value=str(rec.cuda).lower()),
                 ],
@@ -225,8 +243,13 @@ def build_bom(
         ),
     )
     for rec, wheel in zip(sorted(records, key=lambda r: r.package), wheels, strict=True):
+        if rec.origin == "fetched":
+            continue
         pkg = by_name[rec.package]
-        deps = [source_comps[name] for name in pkg.source_names()]
+        if pkg.prebuilt:
+            bom.register_dependency(wheel, [source_comps[pkg.source]])
+            continue
+        deps = [source_comps[name] for name in (*pkg.source_names(), *pkg.patch_sources())]
         deps += [patch_comps[path] for path, _ in patches.get(rec.package, ())]
         wanted = ["python", "torch", "cc", "cxx", "cmake", "ninja"]
         if pkg.cuda:
@@ -244,6 +267,30 @@ def build_bom(
         digest = hashlib.sha256(render(bom, serial=False).encode()).hexdigest()
         bom.serial_number = uuid.uuid5(uuid.NAMESPACE_URL, f"urn:reprostack:sbom:{digest}")
     return bom
+
+
+def _fetched_component(rec: WheelRecord) -> Component:
+    """A wheel of the runtime closure: fetched from its index as it is, checked against the lock's sha256."""
+    return Component(
+        type=ComponentType.LIBRARY,
+        name=rec.name,
+        version=rec.version,
+        bom_ref=f"wheel:{rec.filename}",
+        hashes=_sha256(rec.sha256),
+        purl=PackageURL(
+            type="pypi",
+            name=str(canonicalize_name(rec.name)),
+            version=rec.version,
+            qualifiers={"file_name": rec.filename},
+        ),
+        external_references=[ExternalReference(type=ExternalReferenceType.DISTRIBUTION, url=XsUri(rec.url))]
+        if rec.url
+        else [],
+        properties=[
+            Property(name=f"{PROP}:origin", value="fetched"),
+            Property(name=f"{PROP}:package", value=rec.package),
+        ],
+    )
 
 
 def render(bom: Bom, *, serial: bool = True) -> str:

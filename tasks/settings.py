@@ -15,6 +15,7 @@ objcache_size REPRO_OBJCACHE_SIZE  its size limit (default ``20G``)
 wheels     REPRO_WHEELS        wheelhouse directory (default ``wheels``)
 builddir   REPRO_BUILD_DIR     logs and staging trees (default ``build``)
 gpu        REPRO_GPU           ``auto`` or ``off``: GPU smoke tests in ``doit verify``
+isolated   REPRO_ISOLATED      ``on``: ``doit verify`` in a venv seeing only the base interpreter and the provided set
 update     REPRO_UPDATE        ``doit lock``: sources whose refs are re-resolved (``all`` or names)
 pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare (default: all)
 base       REPRO_BASE          ``doit image``: a local base image by ID, instead of the lock's digest
@@ -60,6 +61,7 @@ VARIABLES = {
     "wheels": ("REPRO_WHEELS", "wheels"),
     "builddir": ("REPRO_BUILD_DIR", "build"),
     "gpu": ("REPRO_GPU", "auto"),
+    "isolated": ("REPRO_ISOLATED", "off"),
     "update": ("REPRO_UPDATE", ""),
     "pkgs": ("REPRO_PKGS", ""),
     "base": ("REPRO_BASE", ""),
@@ -95,6 +97,7 @@ class Settings:
     builddir: Path
     gpu: str
     update: tuple[str, ...]
+    isolated: bool = False
     pkgs: tuple[str, ...] = ()
     base: str = ""
     builder: str = ""
@@ -208,6 +211,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         builddir=Path(_get("builddir", doit_vars)),
         gpu=gpu,
         update=update,
+        isolated=_switch("isolated", doit_vars, "use 'on' (a venv without the system's packages) or 'off'"),
         pkgs=pkgs,
         base=base,
         builder=builder,

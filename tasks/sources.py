@@ -133,6 +133,43 @@ def ensure_source(src: Source, *, cache: Cache, mirror: Path | None, log: Path) 
     return cache.source_tree(src.tree_sha256)
 
 
+def ensure_wheel(src: Source, *, cache: Cache, mirror: Path | None) -> Path:
+    """The wheel file of a source of kind "wheel", in the cache's fetched store: stored, mirrored or downloaded.
+
+    Its sha256 must be the lock's; a mismatch is refused and nothing is kept.
+    """
+    found = cache.fetched_wheel(src.sha256)
+    if found is not None:
+        return found
+    with cache.lock(f"fetched-{src.sha256}"):
+        found = cache.fetched_wheel(src.sha256)
+        if found is not None:
+            return found
+        mirrored = mirror / "wheels" / src.filename if mirror is not None else None
+        origin = str(mirrored) if mirrored is not None and mirrored.is_file() else src.url
+        print(f"fetch {src.name} (wheel {src.filename})", flush=True)
+        with cache.staging(f"wheel-{src.name}") as work:
+            path = work / src.filename
+            if origin == src.url:
+                pypi.download(src.url, path)
+            else:
+                shutil.copyfile(origin, path)
+            digest = file_sha256(path)
+            if digest != src.sha256:
+                raise VerificationError(
+                    f"source {src.name}: the wheel from {origin} has sha256 {digest} but the lock pins "
+                    f"{src.sha256}; refusing it, nothing was kept"
+                )
+            final = cache.fetched / src.sha256
+            final.mkdir(parents=True, exist_ok=True)
+            os.chmod(path, 0o644)
+            os.replace(path, final / src.filename)
+            (final / "origin").write_text(src.url + "\n")
+    found = cache.fetched_wheel(src.sha256)
+    assert found is not None
+    return found
+
+
 def verified_source(src: Source, *, cache: Cache, mirror: Path | None, log: Path) -> Path:
     """:func:`ensure_source`, then the cached tree hashed again before a build reads it.
 
@@ -178,6 +215,21 @@ def export_mirror(sources: list[Source], *, cache: Cache, mirror: Path) -> Itera
     if index_path.is_file():
         index = json.loads(index_path.read_text())
     for src in sources:
+        if src.kind == "wheel":
+            wheel = cache.fetched_wheel(src.sha256)
+            if wheel is None:
+                raise VerificationError(
+                    f"source {src.name}: its wheel is not in the cache; run `doit fetch:{src.name}`"
+                )
+            (mirror / "wheels").mkdir(parents=True, exist_ok=True)
+            dest = mirror / "wheels" / src.filename
+            if not dest.is_file() or file_sha256(dest) != src.sha256:
+                tmp = dest.with_name(f".{dest.name}.tmp")
+                shutil.copyfile(wheel, tmp)
+                os.replace(tmp, dest)
+            index[src.name] = {"pin": src.pin(), "file": f"wheels/{src.filename}"}
+            yield f"{src.name}: wheels/{src.filename} ({dest.stat().st_size} bytes)"
+            continue
         entry = cache.source_dir(src.tree_sha256)
         archive = entry / "archive"
         if archive.is_file() and src.sha256:

@@ -10,14 +10,24 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from tasks import proc
 from tasks.cache import rmtree
 from tasks.errors import PatchError
 from tasks.lockfile import Package
 from tasks.wheelnorm import DEFAULT_EPOCH
+
+
+class Patch(NamedTuple):
+    """A patch to apply: its name (in the key and the logs), its file, ``git apply -p<strip>``."""
+
+    name: str
+    path: Path
+    strip: int = 1
+
 
 _FAILED_AT = re.compile(r"patch failed: (?P<path>.+):(?P<line>\d+)")
 
@@ -37,13 +47,13 @@ def failing_hunk(patch_text: str, path: str, line: int) -> str:
     return ""
 
 
-def apply_patches(root: Path, patches: list[tuple[str, Path]], log: Path) -> None:
-    """Apply each (name, path) patch to the tree at ``root`` with ``git apply``."""
+def apply_patches(root: Path, patches: Sequence[Patch], log: Path) -> None:
+    """Apply each patch to the tree at ``root`` with ``git apply``."""
     env = dict(os.environ)
     # Never let git discover a repository around the staged tree (ours, say).
     env["GIT_CEILING_DIRECTORIES"] = str(root.parent)
     env["LC_ALL"] = "C"
-    for name, path in patches:
+    for name, path, strip in patches:
         try:
             proc.run(
                 [
@@ -51,6 +61,7 @@ def apply_patches(root: Path, patches: list[tuple[str, Path]], log: Path) -> Non
                     "apply",
                     "--verbose",
                     "--whitespace=nowarn",
+                    f"-p{strip}",
                     str(path.resolve()),
                 ],
                 env=env,
@@ -94,7 +105,7 @@ def stage_package(
     pkg: Package,
     *,
     trees: Mapping[str, Path],
-    patches: list[tuple[str, Path]],
+    patches: Sequence[Patch],
     dest: Path,
     log: Path,
 ) -> Path:

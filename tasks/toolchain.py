@@ -30,7 +30,7 @@ from tasks.errors import ToolchainError
 from tasks.lockfile import Toolchain
 
 #: 3: nvcc by its resolved path; ninja no longer in the key (it cannot change a wheel's bytes).
-FINGERPRINT_VERSION = 3
+FINGERPRINT_VERSION = 4  # 4: the probe records whether Python's C headers are there
 TOOLS = ("nvcc", "cc", "c++", "gcc", "g++", "cmake", "ninja", "cuobjdump")
 COMPILER_ENV = {"cc": "CC", "c++": "CXX"}
 STEERING_ENV = (
@@ -49,8 +49,10 @@ STEERING_ENV = (
 # Runs inside the build interpreter; prints one JSON document.
 _PROBE = r"""
 import json, sys, sysconfig, importlib.metadata as md, importlib.util
+import os
 out = {"python": sys.version.split()[0], "implementation": sys.implementation.cache_tag,
-       "soabi": sysconfig.get_config_var("SOABI"), "platform": sysconfig.get_platform()}
+       "soabi": sysconfig.get_config_var("SOABI"), "platform": sysconfig.get_platform(),
+       "headers": os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))}
 if importlib.util.find_spec("torch") is not None:
     import torch
     out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,

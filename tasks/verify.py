@@ -190,12 +190,25 @@ class WheelSpec:
     cuda: bool = False
     imports: tuple[str, ...] | None = None
     smoke: str | None = None
+    origin: str = "built"  # "built", "prebuilt" (a wheel source, as is) or "fetched" (the runtime closure)
+    deps: bool = True  # whether its requirements must be met (false: installed like pip --no-deps)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
     archs: tuple[str, ...]
     wheels: tuple[WheelSpec, ...]
+    #: ``name==version`` the target provides ([runtime] provided): what an isolated verify may see besides the wheels
+    provided: tuple[str, ...] = ()
+
+    @property
+    def ours(self) -> tuple[WheelSpec, ...]:
+        """The wheels built from the lock or placed from its wheel sources (not the runtime closure)."""
+        return tuple(w for w in self.wheels if w.origin != "fetched")
+
+    @property
+    def closure(self) -> tuple[WheelSpec, ...]:
+        return tuple(w for w in self.wheels if w.origin == "fetched")
 
 
 _ARCH = re.compile(r"^(?:sm_|compute_)?(?P<num>\d{2,3})(?P<suffix>[af]?)$")
@@ -255,11 +268,15 @@ def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest
                 cuda=bool(entry.get("cuda", False)),
                 imports=tuple(imports) if imports else None,
                 smoke=smoke,
+                origin=str(entry.get("origin", "built")),
+                deps=bool(entry.get("deps", True)),
             )
         )
     if problems:
         raise ReproError(f"{where} is invalid:\n  " + "\n  ".join(problems) + "\nRebuild it with `doit wheels`.")
-    return Manifest(archs=tuple(archs), wheels=tuple(wheels))
+    runtime = data.get("runtime") or {}
+    provided = tuple(str(p) for p in runtime.get("provided", [])) if isinstance(runtime, dict) else ()
+    return Manifest(archs=tuple(archs), wheels=tuple(wheels), provided=provided)
 
 
 def load_manifest(wheel_dir: Path) -> Manifest:
@@ -522,7 +539,15 @@ class _Session:
     """State of one verification run: paths, environment, logs, tools."""
 
     def __init__(
-        self, *, wheel_dir: Path, work_dir: Path, python: str, gpu: GpuMode, log_dir: Path, installed: bool = False
+        self,
+        *,
+        wheel_dir: Path,
+        work_dir: Path,
+        python: str,
+        gpu: GpuMode,
+        log_dir: Path,
+        installed: bool = False,
+        isolated: bool = False,
     ) -> None:
         self.wheel_dir = wheel_dir
         self.work_dir = work_dir
@@ -538,6 +563,8 @@ class _Session:
         self.demangle = Demangler(self.env)
         self._torch_indexes: dict[Path, elfcheck.SymbolIndex] = {}
         self.installed = installed  # check python's own environment: no scratch venv, no install
+        self.isolated = isolated  # a venv that sees the base interpreter and the provided set only
+        self.provided: tuple[str, ...] = ()
 
     def log(self, name: str) -> Path:
         """``<log_dir>/<name>.log``, emptied the first time this run asks."""
@@ -558,10 +585,13 @@ class _Session:
     def run(self, argv: Sequence[str], *, log: str, timeout: float | None = None, cwd: Path | None = None) -> Completed:
         return run_logged(argv, log=self.log(log), env=self.env, timeout=timeout, cwd=cwd or self.scratch)
 
-    def runner_info(self, python: str | Path, dists: Sequence[str], *, log: str) -> dict[str, Any] | Completed:
+    def runner_info(
+        self, python: str | Path, dists: Sequence[str], *, log: str, versions: Mapping[str, str] | None = None
+    ) -> dict[str, Any] | Completed:
+        """What ``python`` has of ``dists``; where ``versions`` names one, the copy of that version on its path."""
         request = self.scratch / f"{log}.request.json"
         out = self.scratch / f"{log}.json"
-        write_atomic(request, json.dumps({"dists": list(dists)}))
+        write_atomic(request, json.dumps({"dists": list(dists), "versions": dict(versions or {})}))
         out.unlink(missing_ok=True)
         done = self.run([str(python), str(RUNNER), "info", str(request), str(out)], log=log, timeout=TOOL_TIMEOUT_S)
         if not done.ok or not out.is_file():
@@ -590,8 +620,13 @@ def verify_wheelhouse(
     log_dir: Path | None = None,
     smoke_timeout: float = SMOKE_TIMEOUT_S,
     installed: bool = False,
+    isolated: bool = False,
 ) -> Report:
     """Install ``wheel_dir`` into a fresh venv under ``work_dir`` and check it.
+
+    With ``isolated=True`` the venv does not see the base interpreter's site-packages, only the
+    distributions manifest.json's runtime section says the target provides (linked in from the base
+    interpreter): so every requirement the wheelhouse does not carry shows up as unmet.
 
     With ``installed=True`` nothing is installed: the checks run on the
     environment of ``python`` itself, where the wheelhouse must already be
@@ -616,7 +651,9 @@ def verify_wheelhouse(
         gpu=cast(GpuMode, gpu),  # checked against GPU_MODES above
         log_dir=Path(log_dir).resolve() if log_dir is not None else work_dir / "logs",
         installed=installed,
+        isolated=isolated,
     )
+    session.provided = manifest.provided
     rows = list(_verify(session, manifest, smoke_timeout=smoke_timeout))
     report = Report(rows=tuple(rows), wheel_dir=str(wheel_dir), archs=manifest.archs)
     write_atomic(work_dir / "report.json", report.to_json())
@@ -669,8 +706,37 @@ def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> I
         yield Row(package=house, check="inspect", status="FAIL", detail=info.failure("inspecting the venv"))
         return
     cuobjdump = find_cuobjdump([*info.get("site_dirs", []), *base.get("site_dirs", [])])
-    for spec in manifest.wheels:
+    for spec in manifest.ours:
         yield from _verify_wheel(session, manifest, spec, info, cuobjdump, smoke_timeout=smoke_timeout)
+    if manifest.closure:
+        yield from _closure_rows(session, manifest, info)
+
+
+def _closure_rows(session: _Session, manifest: Manifest, info: Mapping[str, Any]) -> Iterator[Row]:
+    """The runtime closure as a whole: every wheel installed from the wheelhouse, every requirement met."""
+    prefix = str(Path(info["prefix"]).resolve())
+    wrong, unmet = [], []
+    for spec in manifest.closure:
+        dist = info["dists"].get(spec.name, {"found": False})
+        if not dist.get("found"):
+            wrong.append(f"{spec.name} not installed")
+        elif dist["version"] != spec.version or not dist["location"].startswith(prefix):
+            wrong.append(f"{spec.name}: the venv sees {dist['version']} from {dist['location']}")
+        unmet += [f"{spec.name} needs {p}" for p in dist.get("requirement_problems", [])]
+    n = len(manifest.closure)
+    if wrong:
+        yield Row(package="closure", check="install", status="FAIL", detail="; ".join(wrong))
+    else:
+        yield Row(package="closure", check="install", status="PASS", detail=f"{_n(n, 'wheel')} of the runtime closure")
+    if unmet:
+        yield Row(
+            package="closure",
+            check="deps",
+            status="FAIL",
+            detail="the closure lacks: " + "; ".join(unmet) + " (add it to [runtime] and run `doit lock`)",
+        )
+    else:
+        yield Row(package="closure", check="deps", status="PASS", detail="every requirement of the closure is met")
 
 
 def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
@@ -736,15 +802,14 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
     if session.venv.exists():
         shutil.rmtree(session.venv)
     session.scratch.mkdir(parents=True, exist_ok=True)
-    done = session.run(
-        [session.python, "-m", "venv", "--system-site-packages", str(session.venv)], log="venv", timeout=TOOL_TIMEOUT_S
-    )
+    site = [] if session.isolated else ["--system-site-packages"]
+    done = session.run([session.python, "-m", "venv", *site, str(session.venv)], log="venv", timeout=TOOL_TIMEOUT_S)
     if not done.ok and "ensurepip" in done.output:
         # A Python without ensurepip (Debian without python3-venv): make the
         # venv without pip and drive the base interpreter's pip into it.
         shutil.rmtree(session.venv, ignore_errors=True)
         done = session.run(
-            [session.python, "-m", "venv", "--system-site-packages", "--without-pip", str(session.venv)],
+            [session.python, "-m", "venv", *site, "--without-pip", str(session.venv)],
             log="venv",
             timeout=TOOL_TIMEOUT_S,
         )
@@ -752,6 +817,8 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
     if not done.ok:
         return Row(package="wheelhouse", check="venv", status="FAIL", detail=done.failure("python -m venv"))
     note = ""
+    if session.isolated:
+        return _provide(session, base)
     if base.get("in_venv"):
         # --system-site-packages reaches the *base* interpreter's packages, not
         # those of a venv we were started from; a .pth file makes them visible,
@@ -766,6 +833,98 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         status="PASS",
         detail=f"{session.venv} (Python {base.get('python')}, --system-site-packages){note}",
     )
+
+
+def _provide(session: _Session, base: Mapping[str, Any]) -> Row:
+    """Make the provided set visible in the isolated venv: each distribution's files, linked from the base
+    interpreter into one directory that a .pth file adds to the venv's path."""
+    wanted = [line.split("==")[0] for line in session.provided]  # "name==version", or "name": any version
+    # The provided version wherever it is on the interpreter's path: doit's own venv may put another
+    # copy (its pinned filelock, say) in front of the base's.
+    pinned = {line.split("==")[0]: line.split("==", 1)[1] for line in session.provided if "==" in line}
+    found = session.runner_info(session.python, wanted, log="provided-info", versions=pinned)
+    if isinstance(found, Completed):
+        return Row(
+            package="wheelhouse", check="venv", status="FAIL", detail=found.failure("inspecting the provided set")
+        )
+    # What the target provides includes what those distributions themselves need (torch's own
+    # dependencies, say): their requirements, followed in the base interpreter's environment.
+    names = list(wanted)
+    todo = [d for d in found["dists"].values() if d.get("found")]
+    while todo:
+        more = {_requirement_name(r) for d in todo for r in d.get("requires", []) if "extra ==" not in r} - set(names)
+        if not more:
+            break
+        extra = session.runner_info(session.python, sorted(more), log="provided-info")
+        if isinstance(extra, Completed):
+            break
+        names += sorted(more)
+        todo = [d for d in extra["dists"].values() if d.get("found")]
+        found["dists"].update({k: v for k, v in extra["dists"].items() if v.get("found")})
+    missing = []
+    shared = session.scratch / "provided"
+    shutil.rmtree(shared, ignore_errors=True)
+    shared.mkdir(parents=True)
+    for name in names[len(wanted) :]:
+        dist = found["dists"].get(name, {"found": False})
+        if dist.get("found"):
+            location = Path(dist["location"])
+            tops = {Path(f).relative_to(location).parts[0] for f in dist["files"] if Path(f).is_relative_to(location)}
+            for top in sorted(tops):
+                if not top.startswith(".."):
+                    _link_merged(location / top, shared / top)
+    for line, name in zip(session.provided, wanted, strict=True):
+        dist = found["dists"].get(name, {"found": False})
+        version = line.split("==", 1)[1] if "==" in line else ""
+        if not dist.get("found"):
+            missing.append(f"{line} (not installed for {session.python})")
+            continue
+        if version and dist["version"].split("+")[0] != version.split("+")[0]:
+            missing.append(f"{line} (the base interpreter has {dist['version']})")
+        location = Path(dist["location"])
+        tops = {Path(f).relative_to(location).parts[0] for f in dist["files"] if Path(f).is_relative_to(location)}
+        for top in sorted(tops):
+            if not top.startswith(".."):
+                _link_merged(location / top, shared / top)
+    for site_dir in _venv_site_dirs(session.venv):
+        write_atomic(site_dir / "_repro_provided.pth", f"{shared}\n")
+    if missing:
+        return Row(
+            package="wheelhouse",
+            check="venv",
+            status="FAIL",
+            detail="the target must provide, but the base interpreter lacks: " + "; ".join(missing),
+        )
+    return Row(
+        package="wheelhouse",
+        check="venv",
+        status="PASS",
+        detail=f"{session.venv}: isolated (no system site-packages), sees {_n(len(wanted), 'provided distribution')}"
+        f" and the {_n(len(names) - len(wanted), 'distribution')} they need",
+    )
+
+
+def _requirement_name(line: str) -> str:
+    """The distribution a requirement line names (``torch>=2; python_version>'3'`` -> ``torch``)."""
+    return re.split(r"[\s;<>=!~\[(]", line.strip(), maxsplit=1)[0]
+
+
+def _link_merged(src: Path, dest: Path) -> None:
+    """Link ``src`` at ``dest``; where two distributions share a directory (namespace packages such as
+    ``nvidia/``), ``dest`` becomes a real directory holding links to both's entries."""
+    if not dest.exists() and not dest.is_symlink():
+        dest.symlink_to(src)
+        return
+    if not (src.is_dir() and dest.is_dir()):
+        return  # the same file from two distributions: the first stays
+    if dest.is_symlink():
+        previous = dest.resolve()
+        dest.unlink()
+        dest.mkdir()
+        for child in previous.iterdir():
+            _link_merged(child, dest / child.name)
+    for child in src.iterdir():
+        _link_merged(child, dest / child.name)
 
 
 def _use_installed(session: _Session, base: Mapping[str, Any]) -> Row:
@@ -879,11 +1038,20 @@ def _verify_wheel(
     installed = _installed(dist, info["ext_suffixes"])
 
     problems = dist.get("requirement_problems", [])
-    if problems:
+    if not spec.deps:
+        yield Row(package=pkg, check="deps", status="SKIP", detail="deps = false in the lock: installed without them")
+    elif problems:
         yield Row(package=pkg, check="deps", status="FAIL", detail="unmet: " + "; ".join(problems))
     else:
         yield Row(package=pkg, check="deps", status="PASS", detail="all requirements met")
 
+    if spec.origin == "prebuilt":
+        # Placed as it is, built elsewhere: its imports and smoke test are ours to check, its binaries are not.
+        imports = list(spec.imports or installed.top_level)
+        yield _import_row(pkg, imports, _run_checks(session, spec, imports, []))
+        if spec.smoke:
+            yield from _smoke_rows(session, spec, timeout=smoke_timeout)
+        return
     imports = list(dict.fromkeys([*(spec.imports or installed.top_level), *installed.extension_modules]))
     results = _run_checks(session, spec, imports, installed.shared_objects)
     yield _import_row(pkg, imports, results)

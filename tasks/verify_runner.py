@@ -115,11 +115,18 @@ def _top_level(dist: importlib.metadata.Distribution, files: list[str], location
     return sorted(names)
 
 
-def _describe_dist(name: str) -> dict[str, Any]:
+def _describe_dist(name: str, version: str = "") -> dict[str, Any]:
+    """The distribution ``name`` first on the path, or, with ``version``, the first copy of that version
+    (public part compared: ``2.11.0`` is ``2.11.0+cu130``)."""
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         return {"found": False}
+    if version and dist.version.split("+")[0] != version.split("+")[0]:
+        for other in importlib.metadata.distributions(name=name):
+            if other.version.split("+")[0] == version.split("+")[0]:
+                dist = other
+                break
     location = os.path.realpath(str(dist.locate_file("")))
     files = sorted({os.path.realpath(str(dist.locate_file(path))) for path in (dist.files or [])})
     return {
@@ -130,6 +137,7 @@ def _describe_dist(name: str) -> dict[str, Any]:
         "files": files,
         "top_level": _top_level(dist, files, location),
         "requirement_problems": _requirement_problems(dist),
+        "requires": list(dist.requires or []),
     }
 
 
@@ -146,7 +154,9 @@ def info(request: dict[str, Any]) -> dict[str, Any]:
         "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
         "ext_suffixes": list(importlib.machinery.EXTENSION_SUFFIXES),
         "torch_lib": _torch_lib_dir(),
-        "dists": {name: _describe_dist(name) for name in request.get("dists", [])},
+        "dists": {
+            name: _describe_dist(name, request.get("versions", {}).get(name, "")) for name in request.get("dists", [])
+        },
     }
 
 

@@ -9,19 +9,23 @@ atomically; stale wheels go.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
 
-from tasks import attest, index, provenance, timeline
+from tasks import attest, closure, index, provenance, timeline
 from tasks.build import build_package
-from tasks.cache import rmtree, write_atomic
+from tasks.cache import WheelEntry, rmtree, write_atomic
 from tasks.context import Context
-from tasks.errors import BuildError
+from tasks.errors import BuildError, LockError
 from tasks.index import wheel_project
 from tasks.treehash import file_sha256
 
@@ -29,6 +33,21 @@ from tasks.treehash import file_sha256
 def expected(ctx: Context) -> dict[str, str]:
     """package -> action key for the current lock and profile."""
     return {pkg.name: ctx.key(pkg)[0] for pkg in ctx.active}
+
+
+def runtime_section(ctx: Context) -> dict[str, Any] | None:
+    """What manifest.json records of the lock's [runtime] (None without one): target, provided set, closure."""
+    runtime = ctx.lock.runtime
+    if runtime is None:
+        return None
+    target = closure.target_of(runtime)
+    pins = sorted(pin.requirement() for pin in runtime.resolved)
+    return {
+        "python": target.python,
+        "platforms": list(target.platforms),
+        "provided": [f"{name}=={version}" if version else name for name, version in runtime.provided],
+        "closure": hashlib.sha256("\n".join(pins).encode()).hexdigest(),
+    }
 
 
 def read_manifest(wheels: Path) -> dict[str, Any] | None:
@@ -46,9 +65,11 @@ def is_current(ctx: Context) -> tuple[bool, str]:
         return False, "no manifest"
     if doc.get("lock_sha256") != ctx.lock.sha256 or doc.get("profile") != ctx.settings.profile:
         return False, "lock or profile changed"
-    have = {w["package"]: w["action_key"] for w in doc.get("wheels", [])}
+    have = {w["package"]: w["action_key"] for w in doc.get("wheels", []) if w.get("origin") != "fetched"}
     if have != expected(ctx):
         return False, "action keys changed"
+    if doc.get("runtime") != runtime_section(ctx):
+        return False, "runtime closure changed"
     for w in doc["wheels"]:
         p = ctx.settings.wheels / w["filename"]
         if not p.is_file() or p.stat().st_size != w["size"]:
@@ -75,16 +96,10 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                     f"{pkg.distribution_name!r}: set `distribution = {found!r}` for it in {ctx.lock.path} (two "
                     "packages of one lock may not build one distribution); nothing was written to wheels/"
                 )
+        fetched = fetch_closure(ctx, entries)  # checks the built wheels' requirements first
         for pkg in ctx.active:
             entry = entries[pkg.name]
-            dest = out / entry.path.name
-            if not (dest.is_file() and dest.stat().st_size == entry.size and file_sha256(dest) == entry.sha256):
-                if dest.exists():
-                    print(f"restored {dest} from the cache: it differed from the wheel built for its key", flush=True)
-                tmp = dest.with_name(f".{dest.name}.tmp")
-                shutil.copyfile(entry.path, tmp)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, dest)
+            _place(entry.path, entry.size, entry.sha256, out)
             records.append(
                 index.WheelRecord(
                     package=pkg.name,
@@ -98,8 +113,21 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                         "imports": list(pkg.verify.imports),
                         "smoke": pkg.verify.smoke,
                     },
+                    origin="prebuilt" if pkg.prebuilt else "built",
+                    url=ctx.lock.sources[pkg.source].url if pkg.prebuilt else "",
+                    deps=pkg.deps,
                 )
             )
+        for name, (path, origin) in sorted(fetched.items()):
+            sha = path.parent.name
+            size = path.stat().st_size
+            _place(path, size, sha, out)
+            records.append(
+                index.WheelRecord(
+                    package=name, filename=path.name, sha256=sha, size=size, action_key="", sources=(),
+                    origin="fetched", url=origin,
+                )
+            )  # fmt: skip
         keep = {r.filename for r in records}
         for stale in out.glob("*.whl"):
             if stale.name not in keep:
@@ -120,14 +148,89 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                 lock_sha256=ctx.lock.sha256,
                 profile=ctx.settings.profile,
                 archs=ctx.lock.toolchain.archs,
+                runtime=runtime_section(ctx),
             ),
         )
     timeline.report(ctx.outcomes, [p.name for p in ctx.packages], ctx.settings.builddir / "trace.json")
     for r in records:
-        print(f"  {r.filename}  sha256:{r.sha256[:16]}…", flush=True)
+        if r.origin != "fetched":
+            print(f"  {r.filename}  sha256:{r.sha256[:16]}…", flush=True)
+    closure_count = sum(r.origin == "fetched" for r in records)
+    if closure_count:
+        closure_mb = sum(r.size for r in records if r.origin == "fetched") / 1e6
+        print(f"  + the runtime closure: {closure_count} wheel(s), {closure_mb:.1f} MB", flush=True)
     print(
         f"wheelhouse {out}: {len(records)} wheel(s), manifest.json, requirements.txt, simple/, "
         f"{attest.SBOM_FILE}, {provenance.DIRECTORY}/",
         flush=True,
     )
     return records
+
+
+def _place(path: Path, size: int, sha256: str, out: Path) -> None:
+    """Copy a verified wheel into ``out`` unless the same file is there; say so when it replaces a changed one."""
+    dest = out / path.name
+    if dest.is_file() and dest.stat().st_size == size and file_sha256(dest) == sha256:
+        return
+    if dest.exists():
+        print(f"restored {dest} from the cache: it differed from the wheel of its key", flush=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(path, tmp)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dest)
+
+
+def fetch_closure(ctx: Context, entries: Mapping[str, WheelEntry]) -> dict[str, tuple[Path, str]]:
+    """The runtime closure's wheels in the cache (name -> (file, origin)), after checking that the wheels of
+    this lock need nothing the closure, the provided set and each other do not give.
+
+    Errors name the package and the requirement; nothing is written to wheels/ before this returns.
+    """
+    runtime = ctx.lock.runtime
+    if runtime is None:
+        return {}
+    target = closure.target_of(runtime)
+    ours = {pkg.distribution_name: pkg for pkg in ctx.active}
+    doubled = sorted(ours.keys() & {pin.name for pin in runtime.resolved})
+    if doubled:
+        raise LockError(
+            f"{ctx.lock.path}: [runtime] resolved pins {', '.join(doubled)}, which this lock builds itself; "
+            "run `doit lock update=runtime` to resolve the closure around them"
+        )
+    available = {pin.name: pin.version for pin in runtime.resolved}
+    available.update(runtime.provided_versions)
+    for pkg in ctx.active:
+        available[pkg.distribution_name] = wheel_version(entries[pkg.name].path.name)
+    problems = []
+    for pkg in ctx.active:
+        built = wheel_version(entries[pkg.name].path.name)
+        base = runtime.provided_versions.get(pkg.distribution_name)
+        if base and Version(base) != Version(built):
+            problems.append(
+                f"package {pkg.name} builds {pkg.distribution_name} {built}, but the target provides {base} "
+                f"([runtime] provided): its patches were written for {base}; pin the source at {base}, or change "
+                "the provided version to the base's"
+            )
+        if pkg.deps and pkg.distribution_name not in runtime.provided_versions:  # a patched base package: the
+            # base installs what it needs (a rebuilt SGLang's requirements are the base's, not the closure's)
+            for req in closure.unmet(closure.requires_dist(entries[pkg.name].path), available, target):
+                problems.append(f"package {pkg.name} requires {req}")
+    if problems:
+        raise LockError(
+            f"the runtime closure of {ctx.lock.path} does not cover the wheels it builds:\n  - "
+            + "\n  - ".join(problems)
+            + "\nAdd what is missing to [runtime] requirements (or provided) and run `doit lock`; nothing was "
+            "written to wheels/."
+        )
+    found: dict[str, tuple[Path, str]] = {}
+    store = ctx.cache.fetched
+    for pin in runtime.resolved:
+        path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), store, mirror=ctx.settings.mirror,
+                             indexes=None, target=target)  # fmt: skip
+        origin = (path.parent / "origin").read_text().strip() if (path.parent / "origin").is_file() else ""
+        found[pin.name] = (path, origin)
+    return found
+
+
+def wheel_version(filename: str) -> str:
+    return str(parse_wheel_filename(filename)[1])

@@ -15,6 +15,7 @@ import shutil
 import site
 import subprocess
 import sys
+import sysconfig
 import venv
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,10 +50,15 @@ def ci_requires() -> bool:
 #: is skipped where they are missing (a stock container has neither), and fails in CI.
 HAVE_NVCC = _which("nvcc", dict(os.environ)) is not None
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
+#: Python's C headers (Debian's python3-dev): every fixture extension (pybind11, CUDA, torch) includes Python.h.
+HAVE_HEADERS = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    compiles = any(item.get_closest_marker(m) for m in ("needs_nvcc", "needs_torch", "needs_headers"))
+    if compiles and not HAVE_HEADERS:
+        require("Python's C headers (Python.h) are not installed (apt-get install python3-dev): the test compiles")
     if item.get_closest_marker("needs_nvcc") and not HAVE_NVCC:
         require("nvcc not found (NVCC, PATH, CUDA_HOME, /usr/local/cuda): the test builds the example's CUDA fixture")
     if item.get_closest_marker("needs_torch") and not HAVE_TORCH:
@@ -180,6 +186,8 @@ def quick_cache(tmp_path_factory: pytest.TempPathFactory, server: FixtureServer)
     """A cache holding the example lock's 'quick' profile, built once per session."""
     if not HAVE_NVCC:
         require("nvcc not found: the example's 'quick' profile includes the CUDA fixture")
+    if not HAVE_HEADERS:
+        require("Python's C headers (Python.h) are not installed: the 'quick' profile compiles extensions")
     root = tmp_path_factory.mktemp("quick")
     ws = make_workspace(root / "ws", root / "cache", server.url)
     ws.doit("wheels", "profile=quick")
@@ -217,11 +225,12 @@ def warm_workspace(root: Path, quick_cache: Path, server: FixtureServer) -> Work
 
 
 def shas(ws: Workspace) -> dict[str, str]:
-    """package -> sha256 of the workspace's wheels/, each file checked against manifest.json."""
+    """package -> sha256 of the lock's packages in the workspace's wheels/ (the runtime closure's fetched
+    wheels left out), every file of it checked against manifest.json."""
     doc = json.loads((ws.wheels / "manifest.json").read_text())
     for w in doc["wheels"]:
         assert file_sha256(ws.wheels / w["filename"]) == w["sha256"]
-    return {w["package"]: w["sha256"] for w in doc["wheels"]}
+    return {w["package"]: w["sha256"] for w in doc["wheels"] if w.get("origin") != "fetched"}
 
 
 def entries(cache: Path) -> dict[str, dict[str, object]]:

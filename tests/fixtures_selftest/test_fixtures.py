@@ -209,6 +209,10 @@ def build_wheel(
 
 
 def _skip_reason(name: str) -> str | None:
+    import sysconfig
+
+    if name != "repro_pure" and not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
+        return "Python's C headers (Python.h) are not installed (apt-get install python3-dev)"
     if name == "repro_torchext" and importlib.util.find_spec("torch") is None:
         return "torch is not importable in this interpreter (pip install torch to build repro_torchext)"
     if name == "repro_cuda" and find_nvcc() is None:
@@ -228,7 +232,12 @@ def test_publish_is_deterministic(tmp_path: Path, published: tuple[Path, dict[st
         assert len(info["commit"]) == 40
         assert info["tag"] == "v0.1.0"
         assert info["branch"] == "main"
-    assert set(first["sha256"]) == {"archives/repro_pybind-0.1.0.tar", "packages/repro_cuda-0.1.0.tar"}
+    wheels = {
+        f"packages/{p.replace('-', '_')}-{v}-py3-none-any.whl"
+        for p, vs in make_fixtures.RUNTIME_WHEELS.items()
+        for v in vs
+    }
+    assert set(first["sha256"]) == {"archives/repro_pybind-0.1.0.tar", "packages/repro_cuda-0.1.0.tar", *wheels}
     # Not only the reported shas: every published byte outside loose objects matches.
     assert _tree_hashes(first_dest) == _tree_hashes(tmp_path / "again")
     for rel, digest in first["sha256"].items():

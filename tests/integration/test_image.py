@@ -144,7 +144,7 @@ def test_image_build_labels_noop_verify_export(built: Workspace, base_id: str, t
         pkg = wheel["package"].replace("_", "-")
         assert labels[f"org.reprostack.wheel.{pkg}.sha256"] == wheel["sha256"]
     lock_text = ws.lock.read_text()
-    assert labels["org.reprostack.source.repro-pure.commit"] == "3532bb852cfc2341ba1cd9df1a81b0cb8fd76207"
+    assert labels["org.reprostack.source.repro-pure.commit"] == "df2a08ea1349bfb47e7940d56c8a2c5c9135f354"
     assert labels["org.reprostack.source.repro-pybind.sha256"] in lock_text
     assert labels["org.reprostack.source.repro-cuda.sha256"] in lock_text
     # The wheels are in the image's venv, first on PATH; the wheel files themselves are not in any layer.
@@ -156,7 +156,8 @@ def test_image_build_labels_noop_verify_export(built: Workspace, base_id: str, t
     base_layers = json.loads(_docker("image", "inspect", base_id).stdout)[0]["RootFS"]["Layers"]
     assert info["RootFS"]["Layers"][:-1] == base_layers and info["Created"] == "1980-01-01T00:00:00Z"
     history = _docker("image", "history", "--no-trunc", "--format", "{{.CreatedBy}}", tag).stdout
-    assert history.splitlines()[0] == "doit image: 3 wheels from the wheelhouse into the venv /opt/reprostack"
+    # 3 of ours and the 4 of the runtime closure
+    assert history.splitlines()[0] == "doit image: 7 wheels from the wheelhouse into the venv /opt/reprostack"
     assert "/reprostack/wheels" not in history and "install-wheels" not in history
     leftovers = _docker("run", "--rm", "--network", "none", tag, "find", "/opt/reprostack", "/tmp", "-name", "*.whl")
     assert leftovers.stdout == ""
@@ -352,7 +353,9 @@ REQUIRES_PY_PATCH = "".join(
         "--- a/pyproject.toml\n+++ b/pyproject.toml\n@@ -7,6 +7,6 @@\n",
         ' version = "0.1.0"\n description = "Pure-Python test fixture package"\n',
         '-requires-python = ">=3.8"\n+requires-python = ">=3.99"\n',
-        ' \n [tool.setuptools]\n packages = ["repro_pure"]\n',
+        " # What it needs at run time comes from the example lock's runtime closure",
+        " (tests/fixtures/make_fixtures.py).\n",
+        ' dependencies = ["repro-colors>=1.0"]\n \n',
     ]
 )
 
@@ -516,14 +519,15 @@ def test_wheels_build_in_a_builder_image(
     assert "docker run --rm --network none" in log and "--mount type=bind,source=" in log
     assert "Processing /reprostack/src" in log  # built at the fixed path inside the builder
     manifest = json.loads((ws.wheels / "manifest.json").read_text())
-    in_builder = {w["package"]: w["action_key"] for w in manifest["wheels"]}
+    in_builder = {w["package"]: w["action_key"] for w in manifest["wheels"] if w["origin"] != "fetched"}
     entry = json.loads(next((ws.cache / "wheels").glob(f"*/{in_builder['repro_pybind']}/entry.json")).read_text())
     assert entry["key_document"]["builder"] == {"id": builder_id}
     assert "Debian" in entry["key_document"]["toolchain"]["cxx"]  # the builder's compiler, probed inside it
     # The same lock on this host: other keys (the session's cache has them from its host builds);
     # back to the builder: nothing is built again.
     ws.doit("wheels", "builder=host")
-    on_host = {w["package"]: w["action_key"] for w in json.loads((ws.wheels / "manifest.json").read_text())["wheels"]}
+    on_host = {w["package"]: w["action_key"] for w in json.loads((ws.wheels / "manifest.json").read_text())["wheels"]
+               if w["origin"] != "fetched"}  # fmt: skip
     assert set(on_host.values()).isdisjoint(in_builder.values())
     assert built_packages(ws.doit("wheels", f"builder={builder_id}").stdout) == []
     # The builder's wheels run in the runtime image (same Debian Python).

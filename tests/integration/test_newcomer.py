@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import HAVE_NVCC, REPO, Workspace, entries, make_workspace, require, shas
+from conftest import HAVE_HEADERS, HAVE_NVCC, REPO, Workspace, entries, make_workspace, require, shas
 
 from tasks.settings import WORKSPACE_FILE
 from tasks.toolchain import _which
@@ -57,10 +57,11 @@ def test_host_without_nvcc_builds_the_rest(workspace: Workspace) -> None:
     res = workspace.doit("wheels", "profile=quick")
     out = res.stdout + res.stderr
     assert len(re.findall(r"^skipped repro_cuda \(optional in example.lock\): nvcc not found", out, re.M)) == 1, out
-    assert set(shas(workspace)) == {"repro_pure", "repro_pybind"}
+    expected = {"repro_pure", "repro_pybind"} if HAVE_HEADERS else {"repro_pure"}  # pybind needs Python.h
+    assert set(shas(workspace)) == expected
     workspace.doit("verify", "gpu=off", "profile=quick")
     report = json.loads((workspace.root / "build" / "verify" / "report.json").read_text())
-    assert {row["package"] for row in report["rows"]} == {"wheelhouse", "repro_pure", "repro_pybind"}
+    assert {row["package"] for row in report["rows"]} - {"wheelhouse", "closure"} == expected
 
     workspace.edit_lock("optional = true  # left out, with one line saying why, on a host without nvcc\n", "")
     res = workspace.doit("wheels", "profile=quick", check=False)
@@ -142,6 +143,7 @@ def test_workspace_file_is_the_default_lock(workspace: Workspace) -> None:
     assert f"{WORKSPACE_FILE}: unknown variable 'lokc'" in res.stderr
 
 
+@pytest.mark.needs_headers  # without Python.h the (optional) pybind fixture is left out: one failing package
 def test_one_cause_is_said_once(workspace: Workspace) -> None:
     """A toolchain that no package can use: every build task fails for the same reason, and it is said once."""
     workspace.edit_lock('python = ">=3.10"', 'python = ">=9.0"')

@@ -13,7 +13,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO, built_packages, copy_cache, make_workspace
+from conftest import REPO, built_packages, copy_cache, make_workspace, require
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
@@ -71,7 +71,7 @@ def test_example_lock_rebuilds_bit_for_bit_with_sbom_and_provenance(
     assert "4 of 4 wheel(s) identical" in res.stdout, res.stdout
     report = json.loads((ws.root / "build" / "repro" / "report.json").read_text())
     manifest = json.loads((ws.wheels / "manifest.json").read_text())
-    built = {w["package"]: w["sha256"] for w in manifest["wheels"]}
+    built = {w["package"]: w["sha256"] for w in manifest["wheels"] if w["origin"] != "fetched"}
     rebuilt = {r["package"]: r["rebuilt_sha256"] for r in report["results"]}
     assert (
         report["ok"]
@@ -207,7 +207,8 @@ template __global__ void kernel<3>(int*);
 
 
 def test_nvcc_internal_names_do_not_depend_on_the_process(tmp_path: Path) -> None:
-    assert NVCC, "nvcc is needed (the CUDA fixture needs it too)"
+    if not NVCC:
+        require("nvcc not found: the test compiles CUDA")
     assert nvcc_takes_seed(NVCC), f"{NVCC} has no -frandom-seed"
     src = tmp_path / "internal.cu"
     src.write_text(INTERNAL_NAMES_CU)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import HAVE_HEADERS, require
 
 from tasks import provenance, verify
 from tasks.errors import VerifyFailed
@@ -264,6 +265,8 @@ def _nvcc(gencode: str, source: str) -> list[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Built]:
     """Every fixture wheel, built once for this module."""
+    if not HAVE_HEADERS:
+        require("Python's C headers (Python.h) are not installed (apt-get install python3-dev): the fixtures compile")
     root = tmp_path_factory.mktemp("src")
     out = tmp_path_factory.mktemp("dist")
     wheels: dict[str, Built] = {}

@@ -70,7 +70,7 @@ def test_full_example_lock_builds_installs_and_is_reused(workspace: Workspace, t
     assert [name for name, _ in warned] == ["repro_torchext"], res.stdout
     assert "raise mem_per_job_gb for repro_torchext in the lock" in res.stdout
     doc = manifest(ws)
-    wheels = {w["package"]: w for w in doc["wheels"]}  # type: ignore[attr-defined]
+    wheels = {w["package"]: w for w in doc["wheels"] if w["origin"] != "fetched"}  # type: ignore[attr-defined]
     assert set(wheels) == {"repro_pure", "repro_pybind", "repro_cuda", "repro_torchext"}
     for w in wheels.values():
         assert file_sha256(ws.wheels / w["filename"]) == w["sha256"]
@@ -146,7 +146,8 @@ def test_full_example_lock_builds_installs_and_is_reused(workspace: Workspace, t
     report = ws.doit("verify").stdout
     assert re.search(r"^\d+ passed, 0 failed, \d+ skipped$", report, flags=re.M), report
     assert "smoke:scaled_add    PASS" in report and "arch                PASS" in report
-    assert re.search(r"^wheelhouse\s+provenance\s+PASS\s+4 wheels", report, flags=re.M), report
+    # 4 built and the 4 of the runtime closure
+    assert re.search(r"^wheelhouse\s+provenance\s+PASS\s+8 wheels", report, flags=re.M), report
     # Nothing is rebuilt on a second run, nor after doit's state file is deleted.
     assert built_packages(ws.doit("wheels").stdout) == []
     for state in ws.root.glob(".doit.db*"):
@@ -169,7 +170,7 @@ def test_a_b_a_switch_rebuilds_nothing_the_second_time(quick_cache: Path, tmp_pa
     a = manifest(ws)
     assert built_packages(ws.doit("wheels", "profile=variant").stdout) == ["repro_cuda"]
     b = manifest(ws)
-    assert {w["package"] for w in b["wheels"]} == set(QUICK)  # type: ignore[attr-defined]
+    assert {w["package"] for w in b["wheels"] if w["origin"] != "fetched"} == set(QUICK)  # type: ignore[attr-defined]
     assert built_packages(ws.doit("wheels", "profile=quick").stdout) == []
     assert manifest(ws)["wheels"] == a["wheels"]
 
@@ -197,7 +198,7 @@ def test_tampered_archive_is_refused_and_nothing_is_cached(tmp_path: Path, publi
 
 def test_wrong_tree_hash_is_refused(workspace: Workspace) -> None:
     ws = workspace
-    good = "c81bd59524422482d45a2aa91a07f3e56d97026310f4984f7f4acb52150f082f"
+    good = "042cd46d42fec8c7870dc4caff656067ed3ebf3a21a6d56d64284f5528af94e2"
     ws.edit_lock(good, "0" * 64)
     res = ws.doit("wheels", "profile=quick", check=False)
     assert res.returncode != 0
@@ -226,7 +227,7 @@ def test_malformed_lock_reports_every_problem(workspace: Workspace) -> None:
     ws = workspace
     ws.edit_lock('kind = "url"', 'kind = "url"\nsha = "abc"')
     ws.edit_lock('source = "repro-pure"', 'source = "repro-pur"')
-    ws.edit_lock('commit = "3532bb852cfc2341ba1cd9df1a81b0cb8fd76207"', 'commit = "3532bb8"')
+    ws.edit_lock('commit = "df2a08ea1349bfb47e7940d56c8a2c5c9135f354"', 'commit = "df2a08e"')
     res = ws.doit("list", check=False)
     assert res.returncode == 11
     err = res.stderr
@@ -236,7 +237,7 @@ def test_malformed_lock_reports_every_problem(workspace: Workspace) -> None:
         "[packages.repro_pure] source 'repro-pur' is not defined under [sources] (perhaps you meant 'repro-pure'?)"
         in err
     )
-    assert "[sources.repro-pure] commit must be a full 40-character lowercase hex commit, got '3532bb8'" in err
+    assert "[sources.repro-pure] commit must be a full 40-character lowercase hex commit, got 'df2a08e'" in err
     assert "Traceback" not in err
 
 

@@ -29,16 +29,20 @@ def test_set_hash_ignores_order_and_changes_with_any_pin() -> None:
     assert key_section([NVVM, NVCC])["requirements"] == [NVCC.requirement(), NVVM.requirement()]
 
 
-def test_env_puts_the_hermetic_cuda_first_and_hides_the_hosts() -> None:
-    tc = Hermetic(root=Path("/cache/toolchains/x"), sha256="x")
-    env = tc.env(
-        {"PATH": "/usr/local/cuda/bin:/usr/bin", "CUDA_HOME": "/usr/local/cuda", "NVCC": "/usr/local/cuda/bin/nvcc"}
-    )
-    assert env["PATH"] == "/cache/toolchains/x/site/nvidia/cu13/bin:/usr/local/cuda/bin:/usr/bin"
-    assert env["CUDA_HOME"] == env["CUDA_PATH"] == "/cache/toolchains/x/site/nvidia/cu13"
+def test_env_puts_the_hermetic_cuda_first_and_hides_the_hosts(tmp_path: Path) -> None:
+    root = tmp_path / "toolchains" / "x"
+    tc = Hermetic(root=root, sha256="x")
+    host = {"PATH": "/usr/local/cuda/bin:/usr/bin", "CUDA_HOME": "/usr/local/cuda", "NVCC": "/usr/local/cuda/bin/nvcc"}
+    # A toolchain of wheel sources only (a pinned torch, no CUDA wheels): the host's CUDA stays.
+    assert tc.env(host) == {**host, "PYTHONPATH": str(root / "site")}
+    tc.nvcc.parent.mkdir(parents=True)
+    tc.nvcc.write_text("")
+    env = tc.env(host)
+    assert env["PATH"] == f"{root}/site/nvidia/cu13/bin:/usr/local/cuda/bin:/usr/bin"
+    assert env["CUDA_HOME"] == env["CUDA_PATH"] == f"{root}/site/nvidia/cu13"
     assert "NVCC" not in env
-    assert env["PYTHONPATH"] == "/cache/toolchains/x/site"
-    assert tc.env({"PATH": "/usr/bin", "PYTHONPATH": "/a"})["PYTHONPATH"] == "/cache/toolchains/x/site:/a"
+    assert env["PYTHONPATH"] == f"{root}/site"
+    assert tc.env({"PATH": "/usr/bin", "PYTHONPATH": "/a"})["PYTHONPATH"] == f"{root}/site:/a"
 
 
 def test_install_is_hash_checked_and_offline_from_a_mirror(tmp_path: Path) -> None:

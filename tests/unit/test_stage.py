@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from tasks.lockfile import Package
-from tasks.stage import stage_package
+from tasks.stage import Patch, stage_package
 from tasks.wheelnorm import DEFAULT_EPOCH
 
 PATCH = """Change one file, add another.
@@ -34,7 +34,7 @@ def test_patched_files_get_the_fixed_epoch_others_keep_theirs(tmp_path: Path) ->
     patch.write_text(PATCH)
     dest = tmp_path / "stage"
     pkg = Package(name="pkg", source="src")
-    stage_package(pkg, trees={"src": tree}, patches=[("0001.patch", patch)], dest=dest, log=tmp_path / "log")
+    stage_package(pkg, trees={"src": tree}, patches=[Patch("0001.patch", patch)], dest=dest, log=tmp_path / "log")
     assert (dest / "pkg" / "kernel.h").read_text() == "#define STAGES 3\n"
     assert (dest / "pkg" / "kernel.h").stat().st_mtime == DEFAULT_EPOCH
     assert (dest / "pkg" / "added.h").stat().st_mtime == DEFAULT_EPOCH

@@ -494,6 +494,7 @@ else:
 """
 
 
+@pytest.mark.needs_headers
 def test_import_check_accepts_an_extension_loaded_under_another_name(tmp_path: Path) -> None:
     """As TE loads transformer_engine_torch: a second import of the file would register its types twice."""
     pybind11 = pytest.importorskip("pybind11")
@@ -534,3 +535,29 @@ def test_library_named_like_an_extension_without_pyinit_is_not_a_module(tmp_path
     installed = verify._installed(dist, [".abi3.so", ".so"])
     assert installed.extension_modules == ("pkg._ext",)
     assert {p.name for p in installed.shared_objects} == {"hook_mode_preload.abi3.so", "_ext.abi3.so"}
+
+
+def test_provided_version_is_found_behind_another_copy(tmp_path: Path) -> None:
+    """doit's venv may hold its own copy of a provided distribution (filelock) in front of the base's:
+    the runner reports the copy of the provided version, wherever it is on the path."""
+    dirs = []
+    for version in ("4.2.11", "3.32.5"):
+        site_dir = tmp_path / version
+        info = site_dir / f"repro_fake-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: repro-fake\nVersion: {version}\n")
+        (info / "RECORD").write_text(f"repro_fake-{version}.dist-info/METADATA,,\n")
+        dirs.append(str(site_dir))
+    request, out = tmp_path / "request.json", tmp_path / "out.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dirs)}
+
+    def ask(versions: dict[str, str]) -> dict[str, object]:
+        request.write_text(json.dumps({"dists": ["repro-fake"], "versions": versions}))
+        subprocess.run([sys.executable, str(verify.RUNNER), "info", str(request), str(out)], env=env, check=True)
+        found: dict[str, object] = json.loads(out.read_text())["dists"]["repro-fake"]
+        return found
+
+    assert ask({})["version"] == "4.2.11"  # the first on the path
+    pinned = ask({"repro-fake": "3.32.5"})
+    assert pinned["version"] == "3.32.5" and pinned["location"] == os.path.realpath(dirs[1])
+    assert ask({"repro-fake": "9.9"})["version"] == "4.2.11"  # no such copy: the first, and verify names the mismatch

@@ -1,0 +1,352 @@
+"""The runtime closure: ``[runtime]`` resolved into exact, hash-pinned wheels for the lock's target.
+
+`doit lock` resolves the environment's top-level requirements, with the wheels we build and the
+packages the target already provides standing in as fixed, into every distribution the environment
+needs; pip's own resolver does it (``pip install --dry-run --report`` for the target's Python and
+platforms), nothing here resolves. What the target provides (``[runtime] provided``, and our own
+built or prebuilt wheels) enters the resolution as stub wheels of exactly that version without any
+requirement of their own, in a find-links directory: a stub's version carries the local label
+``+provided``, which sorts above the public version, so pip takes the stub, and neither it nor its
+dependencies enter the closure. Each pinned version then gets the sha256 of every file of it that
+installs on the target, from the index pages (PEP 503 ``#sha256=`` fragments, as for the hermetic
+toolchain).
+
+`doit wheels` fetches one file per pin into the cache (``<cache>/fetched/<sha256>/<file>``: a mismatch
+is refused, nothing kept) and checks that every built wheel's ``Requires-Dist`` is met by the
+closure, the provided set and the other built wheels.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import Specifier
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from tasks import pypi
+from tasks.errors import LockError, VerificationError
+from tasks.lockfile import Runtime
+from tasks.treehash import file_sha256
+
+#: The manylinux tags of glibc 2.28 down to 2.5 on x86_64, newest first: the default target platforms.
+DEFAULT_PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+)
+STUB_LABEL = "provided"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The interpreter and platforms the closure installs on: CPython ``python`` (``3.12``) on ``platforms``."""
+
+    python: str
+    platforms: tuple[str, ...] = DEFAULT_PLATFORMS
+
+    @property
+    def version(self) -> tuple[int, int]:
+        major, minor = self.python.split(".")[:2]
+        return int(major), int(minor)
+
+    @property
+    def abi(self) -> str:
+        return f"cp{self.version[0]}{self.version[1]}"
+
+    @functools.cached_property
+    def tags(self) -> frozenset[Tag]:
+        return frozenset(
+            [
+                *cpython_tags(self.version, abis=[self.abi, "abi3", "none"], platforms=list(self.platforms)),
+                *compatible_tags(self.version, self.abi, list(self.platforms)),
+            ]
+        )
+
+    def fits(self, filename: str) -> bool:
+        """Whether pip on the target would install the wheel ``filename``."""
+        try:
+            _name, _version, _build, tags = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            return False
+        return not tags.isdisjoint(self.tags)
+
+    def environment(self) -> dict[str, str]:
+        """PEP 508 marker values of the target (for the Requires-Dist of our wheels)."""
+        env: dict[str, str] = {k: str(v) for k, v in default_environment().items()}
+        machine = "aarch64" if any("aarch64" in p for p in self.platforms) else "x86_64"
+        env.update(
+            python_version=self.python,
+            python_full_version=f"{self.python}.0",
+            implementation_name="cpython",
+            platform_python_implementation="CPython",
+            implementation_version=f"{self.python}.0",
+            sys_platform="linux",
+            platform_system="Linux",
+            os_name="posix",
+            platform_machine=machine,
+        )
+        return env
+
+    def pip_options(self) -> list[str]:
+        options = ["--only-binary=:all:", "--python-version", self.python, "--implementation", "cp", "--abi", self.abi]
+        for platform in self.platforms:
+            options += ["--platform", platform]
+        return options
+
+
+def target_of(runtime: Runtime) -> Target:
+    """The target of a lock's ``[runtime]``."""
+    return Target(runtime.python, runtime.platforms or DEFAULT_PLATFORMS)
+
+
+@dataclass(frozen=True, order=True)
+class Pin:
+    """One distribution of the closure: its exact version and the sha256 of each file the target takes."""
+
+    name: str
+    version: str
+    hashes: tuple[str, ...] = ()
+
+    def requirement(self) -> str:
+        return " ".join([f"{self.name}=={self.version}", *(f"--hash=sha256:{h}" for h in self.hashes)])
+
+
+#: The version a stub takes for a provided distribution named without one ("whatever the target has"):
+#: high, so that a requirement with a lower bound takes the stub rather than an index's real one.
+ANY_VERSION = "999999"
+
+
+def stub_wheel(directory: Path, name: str, version: str) -> Path:
+    """A wheel of ``name`` at ``version`` (+provided unless it has a local label) with no requirements."""
+    version = version or ANY_VERSION
+    stub_version = version if "+" in version else f"{version}+{STUB_LABEL}"
+    dist = re.sub(r"[-.]+", "_", name)
+    path = directory / f"{dist}-{stub_version}-py3-none-any.whl"
+    info = f"{dist}-{stub_version}.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {stub_version}\n")
+        zf.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: reprostack\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def inputs_digest(requirements: Sequence[str], fixed: Mapping[str, str], target: Target) -> str:
+    """What a resolution depends on: ``resolved_from`` in the lock (a change means: resolve again)."""
+    doc = {"requirements": sorted(requirements), "fixed": dict(sorted(fixed.items())), "python": target.python,
+           "platforms": list(target.platforms)}  # fmt: skip
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+class ResolutionFailed(LockError):
+    """pip found no set of versions for the target; the message carries pip's reason."""
+
+
+def resolve(
+    requirements: Sequence[str],
+    fixed: Mapping[str, str],
+    target: Target,
+    *,
+    constraints: Sequence[str] = (),
+    log: Path,
+) -> dict[str, str]:
+    """name -> version of every distribution the requirements need on the target, but the ``fixed`` ones.
+
+    ``fixed`` maps the distributions the target already has (provided, or built by us) to their
+    versions; ``constraints`` are extra ``name==version`` lines (the lock's earlier pins).
+    """
+    with tempfile.TemporaryDirectory(prefix="reprostack-resolve-") as tmp:
+        work = Path(tmp)
+        stubs = work / "stubs"
+        stubs.mkdir()
+        for name, version in fixed.items():
+            stub_wheel(stubs, name, version)
+        (work / "requirements.in").write_text("".join(f"{r}\n" for r in requirements))
+        pins = [f"{name}=={version.split('+')[0]}" for name, version in fixed.items() if version]
+        (work / "constraints.txt").write_text("".join(f"{c}\n" for c in [*pins, *constraints]))
+        cmd = [
+            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+            "--disable-pip-version-check", "--no-input", "--report", str(work / "report.json"),
+            *target.pip_options(), "--target", str(work / "target"), "--find-links", str(stubs),
+            "-r", str(work / "requirements.in"), "-c", str(work / "constraints.txt"),
+        ]  # fmt: skip
+        env = dict(os.environ)
+        for name in ("PIP_NO_INDEX", "PIP_TARGET", "PIP_PREFIX", "PIP_REQUIRE_VIRTUALENV", "PIP_USER"):
+            env.pop(name, None)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
+        log.write_text(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
+        if res.returncode != 0:
+            raise ResolutionFailed(_pip_reason(res.stderr, target) + f"\n(pip's output: {log})")
+        report = json.loads((work / "report.json").read_text())
+    found: dict[str, str] = {}
+    fixed_names = {canonicalize_name(n) for n in fixed}
+    for item in report.get("install", []):
+        name = str(canonicalize_name(item["metadata"]["name"]))
+        version = str(item["metadata"]["version"])
+        if name in fixed_names or version.endswith(f"+{STUB_LABEL}"):
+            continue
+        found[name] = version
+    return dict(sorted(found.items()))
+
+
+def _pip_reason(stderr: str, target: Target) -> str:
+    """The lines of pip's error that say what could not be resolved."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    wanted = [
+        line
+        for line in lines
+        if line.startswith(("ERROR:", "The conflict is caused by", "    "))
+        or "requires" in line
+        or "depends on" in line
+    ]
+    shown = "\n  ".join((wanted or lines)[-12:])
+    return f"[runtime] cannot be resolved for CPython {target.python} on {target.platforms[0]}:\n  {shown}"
+
+
+def file_hashes(name: str, version: str, target: Target, *, work: Path, indexes: list[str] | None) -> list[str]:
+    """The sha256 of every file of ``name==version`` the target installs, from the index pages."""
+    files = pypi.project_files(name, indexes)
+    exact = Specifier(f"=={version}")
+    chosen = []
+    for link in files.links:
+        try:
+            wheel_name, wheel_version, _b, _t = parse_wheel_filename(link.filename)
+        except InvalidWheelFilename:
+            continue
+        if (
+            wheel_name == canonicalize_name(name)
+            and exact.contains(wheel_version, prereleases=True)
+            and target.fits(link.filename)
+        ):
+            chosen.append(link)
+    if not chosen:
+        listed = ", ".join(sorted(link.filename for link in files.links)[-8:]) or "none"
+        raise LockError(
+            f"[runtime] {name}=={version}: no wheel of it for CPython {target.python} on the target's platforms on "
+            f"the package index ({', '.join(files.pages) or 'no page'}); files there: {listed}"
+        )
+    hashes = set()
+    for link in chosen:
+        sha = link.sha256
+        if not sha:  # an index without #sha256= fragments: download and hash
+            dest = work / link.filename
+            pypi.download(link.url, dest)
+            sha = file_sha256(dest)
+            dest.unlink()
+        hashes.add(sha)
+    return sorted(hashes)
+
+
+def requires_dist(wheel: Path) -> list[str]:
+    """The ``Requires-Dist`` lines of a wheel's METADATA."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
+        if meta is None:
+            return []
+        text = zf.read(meta).decode("utf-8", "replace")
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def unmet(requires: Iterable[str], available: Mapping[str, str], target: Target) -> list[str]:
+    """The requirements of ``requires`` that ``available`` (name -> version) does not meet on the target."""
+    env = target.environment()
+    missing = []
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
+            continue
+        version = available.get(canonicalize_name(req.name))
+        if version is None:
+            missing.append(f"{line} (not in the closure)")
+            continue
+        if not version:
+            continue  # provided by the target, whatever its version
+        try:
+            ok = req.specifier.contains(Version(version), prereleases=True)
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            missing.append(f"{line} (the closure has {version})")
+    return missing
+
+
+def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | None, target: Target) -> Path:
+    """One file of ``pin`` in ``store`` (``<sha256>/<file>``): the store's, the mirror's, or downloaded.
+
+    Whatever the origin, the file's sha256 must be one the lock pins; a mismatch is refused and
+    nothing is kept.
+    """
+    for sha in pin.hashes:
+        found = sorted((store / sha).glob("*.whl")) if (store / sha).is_dir() else []
+        if found:
+            return found[0]
+    candidates: list[tuple[str, str]] = []  # (source, filename)
+    if mirror is not None and (mirror / "wheels").is_dir():
+        for path in sorted((mirror / "wheels").glob("*.whl")):
+            if _is_of(path.name, pin) and target.fits(path.name):
+                candidates.append((str(path), path.name))
+    if not candidates:
+        files = pypi.project_files(pin.name, indexes)
+        for link in sorted(files.links, key=lambda link: link.filename):
+            if (
+                _is_of(link.filename, pin)
+                and target.fits(link.filename)
+                and (not link.sha256 or link.sha256 in pin.hashes)
+            ):
+                candidates.append((link.url, link.filename))
+    if not candidates:
+        raise VerificationError(
+            f"[runtime] {pin.name}=={pin.version}: no file with a pinned sha256 in the mirror or on the package "
+            "index; run `doit mirror` where the index is reachable, or re-pin with `doit lock update=runtime`"
+        )
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=store))
+    try:
+        for origin, filename in candidates:
+            dest = tmp / filename
+            pypi.download(origin, dest)
+            sha = file_sha256(dest)
+            if sha not in pin.hashes:
+                raise VerificationError(
+                    f"[runtime] {pin.name}=={pin.version}: {origin} has sha256 {sha}, which the lock does not pin "
+                    f"({', '.join(h[:12] for h in pin.hashes)}); refusing it, nothing was kept"
+                )
+            final = store / sha
+            final.mkdir(parents=True, exist_ok=True)
+            os.chmod(dest, 0o644)
+            os.replace(dest, final / filename)
+            (final / "origin").write_text(origin + "\n")
+            return final / filename
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _is_of(filename: str, pin: Pin) -> bool:
+    try:
+        name, version, _b, _t = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return False
+    return name == canonicalize_name(pin.name) and Specifier(f"=={pin.version}").contains(version, prereleases=True)
