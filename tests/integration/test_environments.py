@@ -149,6 +149,22 @@ def test_built_wheel_needing_what_the_closure_lacks_is_refused(workspace: Worksp
     assert not (ws.wheels / "manifest.json").exists()
 
 
+def test_patched_base_package_is_the_base_version_and_brings_no_requirements(workspace: Workspace) -> None:
+    """A package the base provides, rebuilt with our patch (as SGLang in the InfiR2 image): it must be the
+    base's version; its own requirements are the base's, so they are not asked of the closure."""
+    ws = workspace
+    pure_only(ws, provided='["torch", "repro-pure==0.1.0"]')
+    ws.edit_lock('requirements = ["repro-greeting>=0.3"]', 'requirements = ["repro-round"]')
+    ws.doit("lock")
+    ws.doit("wheels", "profile=pure")  # repro_pure needs repro-colors, which the closure lacks: the base has it
+    assert set(manifest(ws)) == {"repro_pure", "repro-round"}
+    ws.edit_lock('"repro-pure==0.1.0"', '"repro-pure==0.2.0"')  # a base with another version
+    ws.doit("lock")
+    res = ws.doit("wheels", "profile=pure", check=False)
+    assert res.returncode == 11, res.stdout + res.stderr
+    assert "package repro_pure builds repro-pure 0.1.0, but the target provides 0.2.0" in res.stderr, res.stderr
+
+
 def test_fetched_wheel_whose_hash_differs_is_refused(workspace: Workspace, tmp_path: Path) -> None:
     ws = workspace
     pure_only(ws)
