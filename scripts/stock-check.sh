@@ -42,14 +42,20 @@ image_for() {  # distribution -> image ID (made once per recipe)
                 curl -fsS -o "$work/keyring.deb" "$UBUNTU_KEYRING_DEB"
                 echo "$UBUNTU_KEYRING_SHA256  $work/keyring.deb" | sha256sum -c --quiet - >&2
                 dpkg-deb -x "$work/keyring.deb" "$work/keyring"
-                # apt on a Debian host does not take mmdebstrap's --keyring for another
-                # distribution's archive (NO_PUBKEY); a signed-by source line does.
-                args=(noble - "deb [signed-by=$work/keyring/usr/share/keyrings/ubuntu-archive-keyring.gpg] http://archive.ubuntu.com/ubuntu noble main universe") ;;
+                # apt checks signatures as its _apt user: the keyring (and mktemp's 700 directory
+                # above it) must be readable by others, or apt says NO_PUBKEY.
+                chmod 755 "$work"
+                chmod -R a+rX "$work/keyring"
+                args=(--keyring="$work/keyring/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+                      --components=main,universe noble - http://archive.ubuntu.com/ubuntu) ;;
             *) log "unknown distribution $dist (bookworm or noble)"; exit 2 ;;
         esac
         log "mmdebstrap $dist ($PACKAGES) -> $tag"
-        mmdebstrap --variant=apt --include="$PACKAGES" "${args[@]}" 2>"$out/$dist-mmdebstrap.log" |
-            docker import --change 'CMD ["bash"]' - "$tag" >/dev/null
+        # into a file first: a failed mmdebstrap must not leave an (empty) image under the tag
+        mmdebstrap --variant=apt --include="$PACKAGES" "${args[@]}" >"$work/$dist.tar" 2>"$out/$dist-mmdebstrap.log" ||
+            { log "mmdebstrap $dist failed: $out/$dist-mmdebstrap.log"; exit 2; }
+        docker import --change 'CMD ["bash"]' "$work/$dist.tar" "$tag" >/dev/null
+        rm -f "$work/$dist.tar"
     fi
     docker image inspect --format '{{.Id}}' "$tag"
 }

@@ -16,6 +16,7 @@ def _wheel(cache: Path, package: str) -> Path:
     return found
 
 
+@pytest.mark.needs_headers  # compiles the pybind fixture
 def test_object_cache_hits_across_trees_and_keeps_wheel_bytes(tmp_path: Path, server: object) -> None:
     cache = tmp_path / "cache"
     ws = make_workspace(tmp_path / "ws", cache, server.url)  # type: ignore[attr-defined]

@@ -263,6 +263,7 @@ def _files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()} if root.exists() else set()
 
 
+@pytest.mark.needs_headers  # compiles the pybind fixture
 def test_object_cache_is_shared_through_the_remote(nginx: Nginx, tmp_path: Path, server: FixtureServer) -> None:
     # Workspace a compiles and (remote_write=on) stores its objects under URL/ccache/.
     a = make_workspace(tmp_path / "a", tmp_path / "cache-a", server.url)
@@ -286,6 +287,7 @@ def test_object_cache_is_shared_through_the_remote(nginx: Nginx, tmp_path: Path,
     assert _files(nginx.store / "ccache") == stored, "a read-only workspace wrote to the remote"
 
 
+@pytest.mark.needs_headers  # compiles the pybind fixture
 def test_object_cache_with_the_remote_down_compiles_locally(tmp_path: Path, server: FixtureServer) -> None:
     ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
     started = time.monotonic()
