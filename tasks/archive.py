@@ -12,10 +12,14 @@ import shutil
 import stat
 import tarfile
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from tasks import members
 from tasks.errors import FetchError, VerificationError
+
+Info = TypeVar("Info", tarfile.TarInfo, zipfile.ZipInfo)
 
 
 def _tar_member(info: tarfile.TarInfo) -> members.Member:
@@ -45,22 +49,33 @@ def _extract_tar(archive: Path, dest: Path) -> None:
         if data_filter is not None:
             for info in infos:
                 data_filter(info, str(dest))
-        links = []
-        for info, member in zip(infos, checked, strict=True):
-            target = dest / member.name
-            if member.kind == members.DIRECTORY:
-                target.mkdir(parents=True, exist_ok=True)
-            elif member.kind == members.SYMLINK:
-                links.append(member)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                source = tf.extractfile(info)
-                assert source is not None  # a regular file
-                with source, target.open("xb") as out:
-                    shutil.copyfileobj(source, out)
-                os.chmod(target, 0o755 if info.mode & stat.S_IXUSR else 0o644)
-                os.utime(target, (info.mtime, info.mtime))
-        _make_links(dest, links)
+
+        def write(info: tarfile.TarInfo, target: Path) -> None:
+            source = tf.extractfile(info)
+            assert source is not None  # a regular file
+            with source, target.open("xb") as out:
+                shutil.copyfileobj(source, out)
+            os.utime(target, (info.mtime, info.mtime))
+
+        _write(dest, infos, checked, write)
+
+
+def _write(
+    dest: Path, infos: Sequence[Info], checked: Sequence[members.Member], write: Callable[[Info, Path], None]
+) -> None:
+    """Create the checked members under ``dest``: directories, files (by ``write``, then 644 or 755), links last."""
+    links = []
+    for info, member in zip(infos, checked, strict=True):
+        target = dest / member.name
+        if member.kind == members.DIRECTORY:
+            target.mkdir(parents=True, exist_ok=True)
+        elif member.kind == members.SYMLINK:
+            links.append(member)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write(info, target)
+            os.chmod(target, 0o755 if member.mode & stat.S_IXUSR else 0o644)
+    _make_links(dest, links)
 
 
 def _make_links(dest: Path, links: list[members.Member]) -> None:
@@ -96,19 +111,12 @@ def _extract_zip(archive: Path, dest: Path) -> None:
             for i, m in zip(infos, listed, strict=True)
         ]
         checked = members.check(listed)
-        links = []
-        for info, member in zip(infos, checked, strict=True):
-            target = dest / member.name
-            if member.kind == members.DIRECTORY:
-                target.mkdir(parents=True, exist_ok=True)
-            elif member.kind == members.SYMLINK:
-                links.append(member)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as source, target.open("xb") as out:
-                    shutil.copyfileobj(source, out)
-                os.chmod(target, 0o755 if member.mode & stat.S_IXUSR else 0o644)
-        _make_links(dest, links)
+
+        def write(info: zipfile.ZipInfo, target: Path) -> None:
+            with zf.open(info) as source, target.open("xb") as out:
+                shutil.copyfileobj(source, out)
+
+        _write(dest, infos, checked, write)
 
 
 def unpack(archive: Path, dest: Path, strip: int | None = None) -> Path:

@@ -119,29 +119,34 @@ def statement(
                 "annotations": {"requirements": list(hermetic["requirements"])},
             }
         )
+    return _statement(
+        filename,
+        sha256,
+        {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {"lock": lock, "lock_sha256": lock_sha256, "profile": profile, "package": pkg.name},
+            "internalParameters": {
+                "action_key": key,
+                "recipe": key_document["recipe"],
+                "archs": key_document["archs"],
+                "reproducible": key_document.get("reproducible", {}),
+                "command": list(command),
+                "workdir": workdir,
+            },
+            "resolvedDependencies": deps,
+        },
+        builder_version,
+    )
+
+
+def _statement(filename: str, sha256: str, definition: dict[str, Any], builder_version: str) -> dict[str, Any]:
+    """The in-toto statement with SLSA provenance of ``filename``, built (or fetched) as ``definition`` says."""
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": filename, "digest": {"sha256": sha256}}],
         "predicateType": PREDICATE_TYPE,
         "predicate": {
-            "buildDefinition": {
-                "buildType": BUILD_TYPE,
-                "externalParameters": {
-                    "lock": lock,
-                    "lock_sha256": lock_sha256,
-                    "profile": profile,
-                    "package": pkg.name,
-                },
-                "internalParameters": {
-                    "action_key": key,
-                    "recipe": key_document["recipe"],
-                    "archs": key_document["archs"],
-                    "reproducible": key_document.get("reproducible", {}),
-                    "command": list(command),
-                    "workdir": workdir,
-                },
-                "resolvedDependencies": deps,
-            },
+            "buildDefinition": definition,
             "runDetails": {"builder": {"id": BUILDER_ID, "version": {"reprostack": builder_version}}},
         },
     }
@@ -155,20 +160,17 @@ def fetched_statement(
     *, filename: str, sha256: str, url: str, name: str, lock: str, lock_sha256: str, profile: str, builder_version: str
 ) -> dict[str, Any]:
     """The statement of a wheel placed as it is: where it came from and the lock pin it was checked against."""
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": filename, "digest": {"sha256": sha256}}],
-        "predicateType": PREDICATE_TYPE,
-        "predicate": {
-            "buildDefinition": {
-                "buildType": FETCH_TYPE,
-                "externalParameters": {"lock": lock, "lock_sha256": lock_sha256, "profile": profile, "package": name},
-                "internalParameters": {"checked": "sha256 pinned by the lock"},
-                "resolvedDependencies": [{"name": f"wheel:{filename}", "uri": url, "digest": {"sha256": sha256}}],
-            },
-            "runDetails": {"builder": {"id": BUILDER_ID, "version": {"reprostack": builder_version}}},
+    return _statement(
+        filename,
+        sha256,
+        {
+            "buildType": FETCH_TYPE,
+            "externalParameters": {"lock": lock, "lock_sha256": lock_sha256, "profile": profile, "package": name},
+            "internalParameters": {"checked": "sha256 pinned by the lock"},
+            "resolvedDependencies": [{"name": f"wheel:{filename}", "uri": url, "digest": {"sha256": sha256}}],
         },
-    }
+        builder_version,
+    )
 
 
 def render(doc: Mapping[str, Any]) -> str:

@@ -91,22 +91,9 @@ def source_component(src: Source) -> Component:
         comp = _git(src.name, src.url, src.commit, f"source:{src.name}", src.license, subs)
         comp.properties.update(props)
         return comp
-    if src.kind == "wheel":
-        return Component(
-            type=ComponentType.LIBRARY,
-            name=src.name,
-            version=f"sha256:{src.sha256}",
-            bom_ref=f"source:{src.name}",
-            licenses=licenses(src.license),
-            hashes=_sha256(src.sha256),
-            purl=PackageURL(type="generic", name=src.name, qualifiers={"download_url": src.url}),
-            external_references=[ExternalReference(type=ExternalReferenceType.DISTRIBUTION, url=XsUri(src.url))],
-            properties=[
-                Property(name=f"{PROP}:kind", value="wheel"),
-                Property(name=f"{PROP}:filename", value=src.filename),
-            ],
-        )
-    if src.kind == "url":
+    if src.kind == "wheel":  # a wheel file used as is: no tree, its file name instead
+        props = [Property(name=f"{PROP}:kind", value="wheel"), Property(name=f"{PROP}:filename", value=src.filename)]
+    if src.kind in ("url", "wheel"):
         return Component(
             type=ComponentType.LIBRARY,
             name=src.name,

@@ -68,8 +68,6 @@ def is_current(ctx: Context) -> tuple[bool, str]:
     have = {w["package"]: w["action_key"] for w in doc.get("wheels", []) if w.get("origin") != "fetched"}
     if have != expected(ctx):
         return False, "action keys changed"
-    if doc.get("runtime") != runtime_section(ctx):
-        return False, "runtime closure changed"
     for w in doc["wheels"]:
         p = ctx.settings.wheels / w["filename"]
         if not p.is_file() or p.stat().st_size != w["size"]:
