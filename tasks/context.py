@@ -21,7 +21,7 @@ from tasks.cache import Cache
 from tasks.errors import FetchError, PatchError, ReproError, ToolchainError
 from tasks.jobserver import JobServer, plan_budget
 from tasks.keys import RECIPE_FORMAT, action_key, key_document
-from tasks.lockfile import Lock, Package, arch_env, expand_env, load_lock
+from tasks.lockfile import Lock, Package, Runtime, arch_env, expand_env, load_lock
 from tasks.objcache import ObjectCache
 from tasks.remote import Remote
 from tasks.settings import WORKSPACE_FILE, Settings, load_settings
@@ -54,6 +54,11 @@ class Context:
     @cached_property
     def packages(self) -> tuple[Package, ...]:
         return self.lock.resolve(self.settings.profile)
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The environment of this run's profile (``[profiles.NAME.runtime]``, else ``[runtime]``)."""
+        return self.lock.runtime_for(self.settings.profile)
 
     @cached_property
     def nvcc_seed(self) -> bool:

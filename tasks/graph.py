@@ -169,8 +169,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _require_pins() -> None:
     ctx = context()
-    if ctx.lock.unpinned:
-        raise LockError(format_problems(ctx.lock.path, list(ctx.lock.unpinned)) + "\nRun `doit lock` first.")
+    unpinned = ctx.lock.unpinned_for(ctx.settings.profile)
+    if unpinned:
+        raise LockError(format_problems(ctx.lock.path, list(unpinned)) + "\nRun `doit lock` first.")
 
 
 # --------------------------------------------------------------------------- uptodate checks
@@ -297,14 +298,15 @@ def _do_mirror() -> None:
     ctx = context()
     if ctx.settings.mirror is None:
         raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
-    for line in export_mirror(list(ctx.lock.sources.values()), cache=ctx.cache, mirror=ctx.settings.mirror):
+    sources = [ctx.lock.sources[n] for n in ctx.lock.sources_for(ctx.settings.profile)]
+    for line in export_mirror(sources, cache=ctx.cache, mirror=ctx.settings.mirror):
         print(f"  {line}", flush=True)
     pins = ctx.lock.toolchain.hermetic
     if pins:
         print(f"hermetic toolchain: the wheels of {len(pins)} pins into {ctx.settings.mirror / 'wheels'}", flush=True)
         for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=ctx.settings.mirror):
             print(f"  {line}", flush=True)
-    runtime = ctx.lock.runtime
+    runtime = ctx.runtime
     if runtime is not None and runtime.resolved:
         from tasks import closure
 
@@ -518,11 +520,11 @@ def task_fetch() -> Iterator[TaskDict]:
 
 
 def task_mirror() -> TaskDict:
-    """Export the lock's cached sources and hermetic toolchain wheels to mirror=DIR (for hosts without network)."""
+    """Export the profile's sources, hermetic toolchain and runtime closure to mirror=DIR (for offline hosts)."""
     ctx = context()
     return {
         "actions": [_do_mirror],
-        "task_dep": [f"fetch:{n}" for n in ctx.lock.sources],
+        "task_dep": [f"fetch:{n}" for n in ctx.lock.sources_for(ctx.settings.profile)],
         "uptodate": [False],
         **CONSOLE,
     }

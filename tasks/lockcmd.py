@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 from tasks import closure, gitsrc, hermetic, pypi
 from tasks.cache import Cache, write_atomic
 from tasks.errors import FetchError, LockError, ReproError
-from tasks.lockfile import Lock, Source, Submodule, load_lock
+from tasks.lockfile import Lock, Package, Runtime, Source, Submodule, load_lock
 from tasks.sources import materialize, source_filter
 from tasks.treehash import file_sha256, tree_sha256
 
@@ -175,28 +175,42 @@ def _lock_wheel(src: Source, entry: Any, cache: Cache) -> str:
 
 
 def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, update: tuple[str, ...]) -> list[str]:
-    """Resolve ``[runtime]`` into ``resolved`` (see tasks/closure.py); return lines saying what changed.
+    """Resolve ``[runtime]`` and each ``[profiles.NAME.runtime]`` into ``resolved`` (see tasks/closure.py);
+    return lines saying what changed.
 
-    Resolved again only when its inputs changed (requirements, provided set, target) or when
+    A section is resolved again only when its inputs changed (requirements, provided set, target) or when
     ``update=runtime`` (or ``all``) asks; the earlier pins are kept wherever the new resolution allows
     (they go in as constraints first), and a pin whose version did not change keeps its hashes.
     """
     lock = load_lock(lock_path, require_pins=False)
-    runtime = lock.runtime
-    if runtime is None or not runtime.requirements:
+    sections = [(where, rt) for where, rt in lock.runtimes() if rt.requirements]
+    if not sections:
         if "runtime" in update:
             raise LockError(f"update=runtime: {lock_path} has no [runtime] requirements to resolve")
         return []
+    lines: list[str] = []
+    for where, runtime in sections:
+        profile = where.split(".")[1] if where.startswith("profiles.") else "default"
+        lines += _lock_one_runtime(lock_path, lock, where, runtime, profile, cache, wheels=wheels, logs=logs,
+                                   update=update)  # fmt: skip
+    return lines
+
+
+def _lock_one_runtime(
+    lock_path: Path, lock: Lock, where: str, runtime: Runtime, profile: str, cache: Cache, *, wheels: Path,
+    logs: Path, update: tuple[str, ...],
+) -> list[str]:  # fmt: skip
+    label = where if where == "runtime" else f"{where} (profile {profile})"
     refresh = "runtime" in update or "all" in update
     if runtime.resolved and runtime.resolved_from == runtime.digest() and not refresh:
-        return [f"runtime: pinned ({len(runtime.resolved)} distributions)"]
+        return [f"{label}: pinned ({len(runtime.resolved)} distributions)"]
     target = closure.target_of(runtime)
     started = time.monotonic()
-    fixed, requires, notes = _ours(lock, wheels, cache)
+    fixed, requires, notes = _ours(lock.resolve(profile), lock, runtime, wheels, cache)
     fixed.update(runtime.provided_versions)
     old = {pin.name: pin for pin in runtime.resolved}
     requirements = [*runtime.requirements, *requires]
-    log = logs / "lock-runtime.log"
+    log = logs / ("lock-runtime.log" if where == "runtime" else f"lock-runtime-{profile}.log")
     try:
         found = closure.resolve(requirements, fixed, target, constraints=[f"{n}=={p.version}" for n, p in old.items()],
                                 log=log)  # fmt: skip
@@ -214,7 +228,7 @@ def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, upd
             hashes = closure.file_hashes(name, version, target, work=Path(work), indexes=indexes)
             pins.append(closure.Pin(name, version, tuple(hashes)).requirement())
     doc = tomlkit.parse(lock_path.read_text())
-    table = doc["runtime"]
+    table = doc["runtime"] if where == "runtime" else doc["profiles"][profile]["runtime"]
     array = tomlkit.array()
     array.multiline(True)
     array.extend(pins)
@@ -226,7 +240,7 @@ def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, upd
     added = sorted(new.keys() - old.keys())
     removed = sorted(old.keys() - new.keys())
     changed = sorted(n for n in new.keys() & old.keys() if new[n] != old[n].version)
-    summary = f"runtime: {len(pins)} distributions for CPython {target.python} ({time.monotonic() - started:.1f} s)"
+    summary = f"{label}: {len(pins)} distributions for CPython {target.python} ({time.monotonic() - started:.1f} s)"
     if old:
         summary += (
             f"; added {', '.join(added) or 'none'}"
@@ -236,14 +250,16 @@ def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, upd
     return [summary, *notes]
 
 
-def _ours(lock: Lock, wheels: Path, cache: Cache) -> tuple[dict[str, str], list[str], list[str]]:
-    """The distributions this lock makes (name -> version, as fixed points of the resolution), the
-    requirements of those whose wheels exist already (wheels/, or a prebuilt one), and notes on the rest."""
+def _ours(
+    packages: tuple[Package, ...], lock: Lock, runtime: Runtime, wheels: Path, cache: Cache
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """The distributions this profile's packages make (name -> version, as fixed points of the resolution),
+    the requirements of those whose wheels exist already (wheels/, or a prebuilt one), and notes on the rest."""
     fixed: dict[str, str] = {}
     requires: list[str] = []
     notes = []
     built = {}
-    provided = lock.runtime.provided_versions if lock.runtime else {}
+    provided = runtime.provided_versions
     manifest = wheels / "manifest.json"
     if manifest.is_file():
         try:
@@ -252,7 +268,8 @@ def _ours(lock: Lock, wheels: Path, cache: Cache) -> tuple[dict[str, str], list[
                     built[w["package"]] = wheels / w["filename"]
         except (ValueError, KeyError, TypeError):
             pass
-    for name, pkg in lock.packages.items():
+    for pkg in packages:
+        name = pkg.name
         src = lock.sources[pkg.source]
         wheel = built.get(name)
         if wheel is None and pkg.prebuilt and src.sha256:

@@ -85,6 +85,12 @@ class PatchRef:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Verify:
+    imports: tuple[str, ...] = ()
+    smoke: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Runtime:
     """``[runtime]``: the environment's runtime requirements, what the target provides, the resolved closure."""
 
@@ -94,6 +100,8 @@ class Runtime:
     platforms: tuple[str, ...] = ()  # pip --platform tags; empty: tasks/closure.py's default
     resolved: tuple[WheelPin, ...] = ()
     resolved_from: str = ""
+    #: Checks of the environment as a whole (imports, a smoke script), run by `doit verify` after the wheels'.
+    verify: Verify = field(default_factory=lambda: Verify())
 
     def digest(self) -> str:
         """What the closure was resolved from: requirements, provided set and target (``resolved_from``)."""
@@ -178,12 +186,6 @@ class Source:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Verify:
-    imports: tuple[str, ...] = ()
-    smoke: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
 class Package:
     """How one wheel is built."""
 
@@ -247,6 +249,8 @@ class Profile:
     name: str
     description: str = ""
     packages: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: ``[profiles.NAME.runtime]``: this profile's environment, in place of the lock's ``[runtime]``.
+    runtime: Runtime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,9 +284,46 @@ class Lock:
     profiles: Mapping[str, Profile]
     patches_dir: Path
     unpinned: tuple[str, ...] = ()
+    #: Where each of ``unpinned`` is (``sources.NAME``, ``runtime``, ``profiles.NAME.runtime``, ...).
+    unpinned_where: tuple[str, ...] = ()
     image: ImageSpec | None = None
     builder: BuilderSpec | None = None
     runtime: Runtime | None = None
+
+    def runtime_for(self, profile: str = "default") -> Runtime | None:
+        """The environment of ``profile``: its own ``[profiles.NAME.runtime]``, else the lock's ``[runtime]``."""
+        prof = self.profiles.get(profile)
+        return prof.runtime if prof is not None and prof.runtime is not None else self.runtime
+
+    def runtimes(self) -> list[tuple[str, Runtime]]:
+        """Every runtime section, as (where, runtime): ``runtime`` and each ``profiles.NAME.runtime``."""
+        found = [("runtime", self.runtime)] + [(f"profiles.{n}.runtime", p.runtime) for n, p in self.profiles.items()]
+        return [(where, rt) for where, rt in found if rt is not None]
+
+    def sources_for(self, profile: str = "default") -> tuple[str, ...]:
+        """The sources a build of ``profile`` reads: its packages', their patches', the hermetic toolchain's."""
+        needed = {s for pkg in self.resolve(profile) for s in (*pkg.source_names(), *pkg.patch_sources())}
+        needed.update(self.toolchain.hermetic_wheels)
+        return tuple(name for name in self.sources if name in needed)
+
+    def unpinned_for(self, profile: str = "default") -> tuple[str, ...]:
+        """The open pins a build of ``profile`` needs: its packages' sources, the hermetic toolchain, its runtime.
+
+        A pin only another profile needs (a wheel source its packages leave out, another profile's
+        runtime) does not stop this one.
+        """
+        sources = set(self.sources_for(profile))
+        prof = self.profiles.get(profile)
+        own = f"profiles.{profile}.runtime" if prof is not None and prof.runtime is not None else "runtime"
+
+        def needed(where: str) -> bool:
+            if where.startswith("sources."):
+                return where.split(".")[1] in sources
+            if where == "runtime" or where.startswith("profiles."):
+                return where == own
+            return True
+
+        return tuple(msg for msg, where in zip(self.unpinned, self.unpinned_where, strict=True) if needed(where))
 
     def patch_path(self, package: str, patch: str) -> Path:
         return self.patches_dir / package / patch
@@ -570,7 +611,7 @@ PACKAGE_FIELDS = {
     "verify": _Field(_is_table),
 }
 VERIFY_FIELDS = {"imports": _Field(_is_str_list), "smoke": _Field(_is_str)}
-PROFILE_FIELDS = {"description": _Field(_is_str), "packages": _Field(_is_table)}
+PROFILE_FIELDS = {"description": _Field(_is_str), "packages": _Field(_is_table), "runtime": _Field(_is_table)}
 
 
 def _is_image_ref(v: Any) -> str | None:
@@ -630,10 +671,12 @@ class _Problems:
         self.path = path
         self.items: list[str] = []
         self.pins: list[str] = []
+        self.pin_wheres: list[str] = []
 
     def unpinned(self, where: str, message: str) -> None:
         """A pin `doit lock` can fill in: an error, except while locking."""
         self.pins.append(f"{self.path}: [{where}] {message}")
+        self.pin_wheres.append(where)
 
     def add(self, where: str, message: str) -> None:
         self.items.append(f"{self.path}: [{where}] {message}" if where else f"{self.path}: {message}")
@@ -730,6 +773,7 @@ def parse_lock(
     p.raise_if_any(require_pins)
     return Lock(
         unpinned=tuple(p.pins),
+        unpinned_where=tuple(p.pin_wheres),
         path=path,
         sha256=sha256,
         toolchain=toolchain,
@@ -750,15 +794,18 @@ RUNTIME_FIELDS = {
     "platforms": _Field(_is_str_list),
     "resolved": _Field(_is_str_list),
     "resolved_from": _Field(_is_sha256),
+    "verify": _Field(_is_table),
 }
 PYTHON_TARGET_RE = re.compile(r"^3\.\d+$")
 
 
-def _parse_runtime(p: _Problems, raw: Any) -> Runtime | None:
-    """``[runtime]``; a closure not resolved yet, or resolved from other inputs, is left to `doit lock`."""
-    where = "runtime"
+def _parse_runtime(p: _Problems, raw: Any, where: str = "runtime") -> Runtime | None:
+    """``[runtime]`` or a profile's; a closure not resolved yet (or from other inputs) is left to `doit lock`."""
     if raw is None or not p.check_table(where, raw, RUNTIME_FIELDS):
         return None
+    verify = raw.get("verify", {})
+    if not p.check_table(f"{where}.verify", verify, VERIFY_FIELDS):
+        verify = {}
     requirements = []
     for line in raw.get("requirements", []):
         try:
@@ -791,6 +838,7 @@ def _parse_runtime(p: _Problems, raw: Any) -> Runtime | None:
         platforms=tuple(raw.get("platforms", ())),
         resolved=_parse_pins(p, f"{where}.resolved", raw.get("resolved", []), hashed=True),
         resolved_from=raw.get("resolved_from", ""),
+        verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
     )
     if requirements and (not runtime.resolved or runtime.resolved_from != runtime.digest()):
         p.unpinned(where, "the closure is not resolved for these requirements, provided set and target yet "
@@ -804,10 +852,6 @@ def _check_wheel_sources(
 ) -> None:  # fmt: skip
     """Prebuilt packages, patches and hermetic wheels against the kinds of the sources they name."""
     for name, pkg in packages.items():
-        src = sources.get(pkg.source)
-        if pkg.prebuilt:
-            if src is not None and src.kind != "wheel":
-                p.add(f"packages.{name}", "deps applies to prebuilt packages (a source of kind 'wheel') only")
         for ref in pkg.patches:
             if isinstance(ref, PatchRef):
                 patch_src = sources.get(ref.source)
@@ -1124,8 +1168,6 @@ def _parse_packages(p: _Problems, raw: Any, sources: Mapping[str, Any], patches_
             if extra:
                 p.add(where, f"source {entry['source']!r} is a wheel, placed as is: {', '.join(extra)} "
                       f"do(es) not apply (a prebuilt package takes {', '.join(PREBUILT_FIELDS)})")  # fmt: skip
-        elif "deps" in entry:
-            p.add(where, "deps applies only to a prebuilt package (its source of kind 'wheel')")
         out[name] = _package_from(name, entry, prebuilt)
     builds: dict[str, str] = {}
     for name, pkg in out.items():
@@ -1173,6 +1215,7 @@ def _parse_profiles(
             name=name,
             description=entry.get("description", ""),
             packages=dict(entry.get("packages", {})),
+            runtime=_parse_runtime(p, entry.get("runtime"), f"{where}.runtime"),
         )
     return out
 

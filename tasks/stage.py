@@ -54,16 +54,18 @@ def apply_patches(root: Path, patches: Sequence[Patch], log: Path) -> None:
     env["GIT_CEILING_DIRECTORIES"] = str(root.parent)
     env["LC_ALL"] = "C"
     for name, path, strip in patches:
+        data = path.read_bytes()
+        applied = path.resolve()
+        if data and not data.endswith(b"\n"):
+            # git apply calls a diff whose last line lacks its newline corrupt (GNU patch takes it, with fuzz):
+            # an editor's or a copy's artifact, as in InfiR2's sglang.patch. Apply it with the newline added.
+            applied = root.parent / f".{root.name}.{path.name}"
+            applied.write_bytes(data + b"\n")
+            with log.open("a") as f:
+                f.write(f"# {name}: the file's last line has no newline; applied with one added\n")
         try:
             proc.run(
-                [
-                    "git",
-                    "apply",
-                    "--verbose",
-                    "--whitespace=nowarn",
-                    f"-p{strip}",
-                    str(path.resolve()),
-                ],
+                ["git", "apply", "--verbose", "--whitespace=nowarn", f"-p{strip}", str(applied)],
                 env=env,
                 cwd=root,
                 log=log,
@@ -84,6 +86,9 @@ def apply_patches(root: Path, patches: Sequence[Patch], log: Path) -> None:
                 f"patch {path} does not apply to the pinned sources{detail}\n"
                 f"{exc.message}\nNo patched tree was kept. Refresh the patch against the pinned commit."
             ) from None
+        finally:
+            if applied != path.resolve():
+                applied.unlink(missing_ok=True)
 
 
 def settle_patched_mtimes(root: Path, *, since: float) -> None:

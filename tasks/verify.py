@@ -200,6 +200,8 @@ class Manifest:
     wheels: tuple[WheelSpec, ...]
     #: ``name==version`` the target provides ([runtime] provided): what an isolated verify may see besides the wheels
     provided: tuple[str, ...] = ()
+    #: ``[runtime] verify``: checks of the environment as a whole, after the wheels' own.
+    environment: WheelSpec | None = None
 
     @property
     def ours(self) -> tuple[WheelSpec, ...]:
@@ -272,11 +274,22 @@ def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest
                 deps=bool(entry.get("deps", True)),
             )
         )
-    if problems:
-        raise ReproError(f"{where} is invalid:\n  " + "\n  ".join(problems) + "\nRebuild it with `doit wheels`.")
     runtime = data.get("runtime") or {}
     provided = tuple(str(p) for p in runtime.get("provided", [])) if isinstance(runtime, dict) else ()
-    return Manifest(archs=tuple(archs), wheels=tuple(wheels), provided=provided)
+    environment = None
+    checks = runtime.get("verify") if isinstance(runtime, dict) else None
+    if isinstance(checks, dict) and (checks.get("imports") or checks.get("smoke")):
+        imports, smoke = checks.get("imports") or [], checks.get("smoke") or None
+        if not isinstance(imports, list) or not all(isinstance(m, str) and _MODULE.match(m) for m in imports):
+            problems.append(f"runtime.verify.imports must be a list of module names, got {imports!r}")
+        elif smoke is not None and (not isinstance(smoke, str) or not _MODULE.match(smoke)):
+            problems.append(f"runtime.verify.smoke must be a script name, got {smoke!r}")
+        else:
+            environment = WheelSpec(package="environment", name="", version="", filename="", sha256="",
+                                    imports=tuple(imports) or None, smoke=smoke, origin="environment")  # fmt: skip
+    if problems:
+        raise ReproError(f"{where} is invalid:\n  " + "\n  ".join(problems) + "\nRebuild it with `doit wheels`.")
+    return Manifest(archs=tuple(archs), wheels=tuple(wheels), provided=provided, environment=environment)
 
 
 def load_manifest(wheel_dir: Path) -> Manifest:
@@ -710,6 +723,16 @@ def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> I
         yield from _verify_wheel(session, manifest, spec, info, cuobjdump, smoke_timeout=smoke_timeout)
     if manifest.closure:
         yield from _closure_rows(session, manifest, info)
+    if manifest.environment is not None:
+        yield from _environment_rows(session, manifest.environment, smoke_timeout=smoke_timeout)
+
+
+def _environment_rows(session: _Session, spec: WheelSpec, *, smoke_timeout: float) -> Iterator[Row]:
+    """``[runtime] verify``: what the environment as a whole must import and run (the recipe's own checks)."""
+    if spec.imports:
+        yield _import_row(spec.package, list(spec.imports), _run_checks(session, spec, list(spec.imports), []))
+    if spec.smoke:
+        yield from _smoke_rows(session, spec, timeout=smoke_timeout)
 
 
 def _closure_rows(session: _Session, manifest: Manifest, info: Mapping[str, Any]) -> Iterator[Row]:

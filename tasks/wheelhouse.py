@@ -37,7 +37,7 @@ def expected(ctx: Context) -> dict[str, str]:
 
 def runtime_section(ctx: Context) -> dict[str, Any] | None:
     """What manifest.json records of the lock's [runtime] (None without one): target, provided set, closure."""
-    runtime = ctx.lock.runtime
+    runtime = ctx.runtime
     if runtime is None:
         return None
     target = closure.target_of(runtime)
@@ -47,6 +47,7 @@ def runtime_section(ctx: Context) -> dict[str, Any] | None:
         "platforms": list(target.platforms),
         "provided": [f"{name}=={version}" if version else name for name, version in runtime.provided],
         "closure": hashlib.sha256("\n".join(pins).encode()).hexdigest(),
+        "verify": {"imports": list(runtime.verify.imports), "smoke": runtime.verify.smoke},
     }
 
 
@@ -184,7 +185,7 @@ def fetch_closure(ctx: Context, entries: Mapping[str, WheelEntry]) -> dict[str, 
 
     Errors name the package and the requirement; nothing is written to wheels/ before this returns.
     """
-    runtime = ctx.lock.runtime
+    runtime = ctx.runtime
     if runtime is None:
         return {}
     target = closure.target_of(runtime)
