@@ -189,10 +189,21 @@ def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, upd
             raise LockError(f"update=runtime: {lock_path} has no [runtime] requirements to resolve")
         return []
     lines: list[str] = []
-    for where, runtime in sections:
+    failed: list[ReproError] = []
+    for where, runtime in sections:  # one that cannot be resolved leaves the others to be
         profile = where.split(".")[1] if where.startswith("profiles.") else "default"
-        lines += _lock_one_runtime(lock_path, lock, where, runtime, profile, cache, wheels=wheels, logs=logs,
-                                   update=update)  # fmt: skip
+        try:
+            lines += _lock_one_runtime(lock_path, lock, where, runtime, profile, cache, wheels=wheels, logs=logs,
+                                       update=update)  # fmt: skip
+        except closure.ResolutionFailed as exc:
+            if where != "runtime" and exc.message.startswith("[runtime]"):
+                exc = closure.ResolutionFailed(f"[{where}]" + exc.message.removeprefix("[runtime]"))
+            failed.append(exc)
+            lines.append(f"{where}: NOT RESOLVED (below)")
+    if failed:
+        for line in lines:
+            print(f"  {line}", flush=True)
+        raise type(failed[0])("\n".join(exc.message for exc in failed))
     return lines
 
 
