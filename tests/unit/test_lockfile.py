@@ -284,3 +284,44 @@ def test_budget_counts_only_the_packages_named_by_build_targets() -> None:
     assert requested_builds(["build:apex"], names) is None
     assert requested_builds(["lock=x.lock"], names) is None
     assert requested_builds([], names) is None
+
+
+def test_a_profile_has_its_own_runtime_and_checks_of_the_environment() -> None:
+    doc = good_doc()
+    doc["runtime"] = {"requirements": ["einops"], "provided": ["torch==2.11.0"], "python": "3.12",
+                      "verify": {"imports": ["einops"], "smoke": "torch_env"}}  # fmt: skip
+    doc["profiles"]["minimal"]["runtime"] = {"requirements": ["tqdm"], "provided": ["torch"], "python": "3.12"}
+    lock = parse(doc, require_pins=False)
+    assert lock.runtime_for("default") is lock.runtime
+    assert lock.runtime is not None and lock.runtime.verify.imports == ("einops",)
+    assert lock.runtime.verify.smoke == "torch_env"
+    own = lock.runtime_for("minimal")
+    assert own is not None and own.requirements == ("tqdm",) and own.provided == (("torch", ""),)
+    # Each section is its own pin: both open, each named where it is.
+    assert sorted(w for w in lock.unpinned_where if "runtime" in w) == ["profiles.minimal.runtime", "runtime"]
+    assert len(lock.unpinned_for("minimal")) == 1 and "[profiles.minimal.runtime]" in lock.unpinned_for("minimal")[0]
+    assert len(lock.unpinned_for("default")) == 1 and "[runtime]" in lock.unpinned_for("default")[0]
+    doc["profiles"]["minimal"]["runtime"]["python"] = "3"
+    doc["runtime"]["verify"] = {"import": ["x"]}
+    with pytest.raises(LockError) as err:
+        parse(doc, require_pins=False)
+    assert "[profiles.minimal.runtime] python must be the target's CPython as '3.Y'" in str(err.value)
+    assert "[runtime.verify] unknown key 'import' (perhaps you meant 'imports'?)" in str(err.value)
+
+
+def test_open_pins_stop_only_the_profiles_that_need_them() -> None:
+    doc = good_doc()
+    del doc["sources"]["sdist"]["sha256"]  # fa2's source
+    doc["profiles"]["no-fa2"] = {"packages": {"fa2": {"enabled": False}}}
+    lock = parse(doc, require_pins=False)
+    assert lock.sources_for("default") == ("repo", "sdist")
+    assert lock.sources_for("no-fa2") == ("repo",)
+    assert len(lock.unpinned_for("default")) == 1 and "[sources.sdist]" in lock.unpinned_for("default")[0]
+    assert lock.unpinned_for("no-fa2") == ()
+
+
+def test_deps_false_on_a_built_package() -> None:
+    doc = good_doc()
+    doc["packages"]["fa2"]["deps"] = False
+    lock = parse(doc)
+    assert lock.packages["fa2"].deps is False and lock.packages["fa3"].deps is True

@@ -46,7 +46,9 @@ def test_a_patch_whose_last_line_lacks_its_newline_applies(tmp_path: Path) -> No
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
     (tree / "pkg" / "kernel.h").write_text("#define STAGES 2\n\n#define END 1\n")
-    diff = "--- a/pkg/kernel.h\n+++ b/pkg/kernel.h\n@@ -1,3 +1,3 @@\n-#define STAGES 2\n+#define STAGES 3\n \n #define END 1"
+    diff = "--- a/pkg/kernel.h\n+++ b/pkg/kernel.h\n@@ -1,3 +1,3 @@\n"
+    diff += "-#define STAGES 2\n+#define STAGES 3\n \n #define END 1"
+    assert not diff.endswith("\n")
     patch = tmp_path / "0001.patch"
     patch.write_text(diff)  # no final newline
     dest = tmp_path / "stage"
