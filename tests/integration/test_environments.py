@@ -307,3 +307,32 @@ def test_a_pinned_torch_wheel_is_the_torch_builds_compile_against(tmp_path: Path
         assert re.search(r"toolchains/[0-9a-f]{64}/site/torch/include", log), (
             "the build did not compile against the pinned torch"
         )
+
+
+def test_a_profile_with_its_own_environment_and_checks(workspace: Workspace) -> None:
+    """[profiles.NAME.runtime] replaces the lock's environment for that profile; [runtime] verify checks it whole."""
+    ws = workspace
+    pure_only(ws, provided="[]")
+    ws.lock.write_text(
+        ws.lock.read_text()
+        + '\n[profiles.pure.runtime]\nrequirements = ["repro-colors"]\npython = "3.11"\n'
+        + 'verify = { imports = ["repro_colors"], smoke = "repro_pure" }\n'
+    )
+    res = ws.doit("lock")
+    assert "runtime: 4 distributions" in res.stdout, res.stdout
+    assert "profiles.pure.runtime (profile pure): 1 distributions" in res.stdout, res.stdout
+    ws.doit("wheels", "profile=pure")
+    assert {n: w["origin"] for n, w in manifest(ws).items()} == {"repro_pure": "built", "repro-colors": "fetched"}
+    ws.doit("-s", "verify", "profile=pure", "gpu=off", "isolated=on")
+    report = ws.root / "build" / "verify" / "report.json"
+    rows = {(r["package"], r["check"]): r["status"] for r in json.loads(report.read_text())["rows"]}
+    assert rows[("environment", "import")] == "PASS"
+    assert rows[("environment", "smoke:greet")] == "PASS"
+    # The lock's own environment (repro-greeting) is not this profile's: importing it fails the check.
+    ws.lock.write_text(ws.lock.read_text().replace('imports = ["repro_colors"]', 'imports = ["repro_greeting"]'))
+    ws.doit("wheels", "profile=pure")
+    res = ws.doit("-s", "verify", "profile=pure", "gpu=off", "isolated=on", check=False)
+    assert res.returncode == 17, res.stdout + res.stderr
+    rows = {(r["package"], r["check"]): r for r in json.loads(report.read_text())["rows"]}
+    assert rows[("environment", "import")]["status"] == "FAIL"
+    assert "repro_greeting" in rows[("environment", "import")]["detail"]
