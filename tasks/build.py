@@ -145,6 +145,7 @@ def compile_wheel(
     stats_log.unlink(missing_ok=True)
     if objects is not None:
         env = objects.env(env, stats_log=stats_log)
+    env = server.gate_env(env, ccache=objects is not None)
     waits = out / "waits.log"
     env["REPRO_WAIT_LOG"] = str(waits)
     with server.slot(server.tokens_for(jobs), wait_log=waits):

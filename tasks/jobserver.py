@@ -2,26 +2,38 @@
 
 The run owns a named pipe (GNU make 4.4's ``--jobserver-auth=fifo:PATH``)
 holding one token per job slot, advertised to builds through ``MAKEFLAGS``.
-ninja >= 1.13 is a jobserver client: each ninja run takes one token for its
-first job (in the shim below) and a further token for each additional job, so
-the compilers of all packages together never exceed the budget, however many
-packages, and ninja runs within a package, build at once.
 
-Upstream setup scripts pass ``-j N`` to ninja (torch's ``cpp_extension``
-from ``MAX_JOBS``, ``cmake --build --parallel``), and an explicit ``-j``
-makes ninja ignore the jobserver. A ``ninja`` shim first on ``PATH`` drops
-``-j`` while a jobserver is advertised, takes the token for ninja's first
-job, runs the real ninja and returns the token. Before that it lets
-tasks/ninjaorder.py put the longest units first in the manifest, from the
-times in ``REPRO_UNIT_TIMES``.
+Every compiler process takes one token for as long as it runs, through the
+``gate`` script below: put in front of the compilers by ccache's
+``CCACHE_PREFIX`` (so a compile served from the object cache takes none), or,
+without the object cache, by scripts named like the compilers first on
+``PATH`` (and ``PYTORCH_NVCC``, ``CXX`` by path, CMake's CUDA launcher). A
+compile started inside one (nvcc's host compiler) runs on its parent's token.
+So the compilers of all packages together never exceed the budget, however
+many packages, and ninja runs within a package, build at once, and a freed
+slot goes to the next waiting compile at once, whichever ninja it belongs to.
 
-Without a jobserver-capable ninja a build takes as many tokens as it runs
-jobs (``MAX_JOBS``), so parallel builds still share one budget, coarsely.
+ninja is not made a jobserver client (1.13 can be one): as a client it
+starts what tokens it can get, then waits for one of its own commands to end
+before asking again (ninja-build/ninja#2683). TransformerEngine's ninja,
+started while other packages held every token, ran its longest unit alone
+for 230 s on a 16-core host while its 53 other units were ready and slots
+had come free. A ``ninja`` shim first on ``PATH`` gives every ninja
+``-j <budget>`` instead (an explicit ``-j`` also makes ninja ignore
+``MAKEFLAGS``): its commands then wait in the gate, not in ninja. Before that
+it lets tasks/ninjaorder.py put the longest units first in the manifest, from
+the times in ``REPRO_UNIT_TIMES``.
+
+Without ninja >= 1.13 on PATH (the shim is written only then), a build takes
+as many tokens as it runs jobs (``MAX_JOBS``), so parallel builds still share
+one budget, coarsely.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -42,12 +54,10 @@ from tasks import ninjaorder
 MIN_NINJA = (1, 13)
 
 _SHIM = """#!/bin/sh
-# reprostack: while a jobserver is advertised in MAKEFLAGS, run ninja as its
-# client. An explicit -j makes ninja ignore the jobserver, so it is dropped;
-# and ninja's first job (its implicit slot) is paid for with a token taken
-# here and returned when ninja ends, as make does for each sub-make, so that
-# several ninjas of one package (apex builds extensions in parallel) stay
-# within the budget too.
+# reprostack: while a jobserver is advertised in MAKEFLAGS, every ninja runs
+# up to the run's budget of commands (-j), and each compiler among them takes
+# a token in the gate: ninja as a jobserver client would wait for one of its
+# own commands to end before taking a token that came free (tasks/jobserver.py).
 case "$MAKEFLAGS" in
   *--jobserver-auth=fifo:*) ;;
   *) exec {real} "$@" ;;
@@ -67,17 +77,27 @@ done
 [ "$query" = 1 ] && exec {real} "$@"
 # Longest unit first, from the package's last compile times (tasks/ninjaorder.py); never fatal.
 [ -n "$REPRO_UNIT_TIMES" ] && {python} -I {order} "$REPRO_UNIT_TIMES" "$@" >/dev/null 2>&1
+exec {real} -j {slots} "$@"
+"""
+
+#: One token per compiler process: ``gate COMMAND ARGS...`` (``CCACHE_PREFIX``, the compiler scripts).
+_GATE = """#!/bin/sh
+# reprostack: run a compiler on one token of the run's jobserver (tasks/jobserver.py).
+# A compiler started by one that holds a token (nvcc's host compiler) runs on it.
+[ -n "$REPRO_GATE_HELD" ] && exec "$@"
 fifo={fifo}
-waited=$(date +%s%N)
 token=$(dd if="$fifo" bs=1 count=1 2>/dev/null)
-# When the build waited for its first slot (the build's summary separates waiting from building).
-[ -n "$REPRO_WAIT_LOG" ] && echo "$waited $(date +%s%N)" >>"$REPRO_WAIT_LOG"
+REPRO_GATE_HELD=1
+export REPRO_GATE_HELD
 trap 'printf %s "$token" > "$fifo"; exit 143' TERM INT HUP
-{real} "$@"
+"$@"
 status=$?
 printf %s "$token" > "$fifo"
 exit $status
 """
+
+#: The compilers gated by name on PATH where no ccache does it (tasks/objcache.py masquerades the same names).
+GATED = ("cc", "gcc", "c++", "g++", "nvcc")
 
 
 @dataclass(frozen=True)
@@ -133,18 +153,21 @@ class JobServer:
         self.ninja_version = version
         self.clients = version is not None and version >= MIN_NINJA
         self.bin = directory / f"bin-{os.getpid()}"
+        self.gate = self.bin / "gate"
         if self.clients and real:
             self.bin.mkdir(exist_ok=True)
             shim = self.bin / "ninja"
             shim.write_text(
                 _SHIM.format(
                     real=shlex.quote(os.path.abspath(real)),
-                    fifo=shlex.quote(str(self.fifo)),
+                    slots=slots,
                     python=shlex.quote(sys.executable),
                     order=shlex.quote(str(Path(ninjaorder.__file__).resolve())),
                 )
             )
             shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            self.gate.write_text(_GATE.format(fifo=shlex.quote(str(self.fifo))))
+            self.gate.chmod(0o755)
         atexit.register(self.close)
 
     def describe(self) -> str:
@@ -164,12 +187,56 @@ class JobServer:
         env["PATH"] = os.pathsep.join([str(self.bin), env.get("PATH", "")])
         return env
 
+    def gate_env(self, env: dict[str, str], *, ccache: bool) -> dict[str, str]:
+        """``env`` (the build's final environment) with every compiler process taking a token in the gate.
+
+        With ``ccache`` (the object cache routes the build's compilers through ccache), ccache runs the
+        gate on a miss (``CCACHE_PREFIX``, and ``CCACHE_PREFIX_CPP`` for its preprocessor runs);
+        otherwise scripts named like the compilers go first on PATH, and ``PYTORCH_NVCC``, ``CXX``
+        given by path and CMake's CUDA launcher name the gate too.
+        """
+        if not self.clients:
+            return env
+        out = dict(env)
+        gate = str(self.gate)
+        if ccache:  # its preprocessor runs (nvcc -E: seconds, hundreds of MB) too
+            out["CCACHE_PREFIX"] = out["CCACHE_PREFIX_CPP"] = gate
+            return out
+        path = out.get("PATH", "")
+        scripts = {}
+        for name in GATED:
+            found = shutil.which(name, path=path)
+            if found:
+                scripts[name] = f'#!/bin/sh\nexec {shlex.quote(gate)} {shlex.quote(os.path.abspath(found))} "$@"\n'
+        cxx = out.get("CXX", "")
+        if cxx and "/" in shlex.split(cxx)[0]:
+            scripts["cxx-by-path"] = f'#!/bin/sh\nexec {shlex.quote(gate)} {cxx} "$@"\n'
+        digest = hashlib.sha256(json.dumps(scripts, sort_keys=True).encode()).hexdigest()[:16]
+        gated = self.bin / f"gated-{digest}"
+        if not gated.is_dir():
+            tmp = self.bin / f".gated-{digest}-{threading.get_ident()}"
+            tmp.mkdir(parents=True)
+            for name, text in scripts.items():
+                (tmp / name).write_text(text)
+                (tmp / name).chmod(0o755)
+            try:
+                tmp.rename(gated)
+            except OSError:  # another build of this run wrote the same scripts first
+                shutil.rmtree(tmp, ignore_errors=True)
+        out["PATH"] = os.pathsep.join([str(gated), path])
+        if "cxx-by-path" in scripts:
+            out["CXX"] = str(gated / "cxx-by-path")
+        if "nvcc" in scripts:  # torch's cpp_extension runs $CUDA_HOME/bin/nvcc by path otherwise
+            out["PYTORCH_NVCC"] = str(gated / "nvcc")
+        out.setdefault("CMAKE_CUDA_COMPILER_LAUNCHER", gate)
+        return out
+
     def tokens_for(self, jobs: int) -> int:
         """Tokens a build of ``jobs`` compiler jobs holds while it runs.
 
-        With ninja as a client, none: every ninja run takes its own (see the
-        shim), and the rest of a build (setup.py, cmake's configure, pip)
-        hardly uses a core. Without, as many as the build runs jobs.
+        With the gate, none: every compiler takes its own, and the rest of a
+        build (setup.py, cmake's configure, pip) hardly uses a core. Without,
+        as many as the build runs jobs.
         """
         return 0 if self.clients else max(1, min(jobs, self.slots))
 

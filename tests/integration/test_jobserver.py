@@ -20,11 +20,21 @@ JOB = textwrap.dedent(
     """
     import sys, time
     start = time.time()
-    time.sleep(0.4)
+    time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0.4)
     with open(sys.argv[1], "w") as fh:
         fh.write(f"{start} {time.time()}")
     """
 )
+
+
+def _fake_compiler(directory: Path) -> Path:
+    """A directory holding ``cc``: a "compiler" that sleeps and records when it ran (job.py)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "job.py").write_text(JOB)
+    cc = directory / "cc"
+    cc.write_text(f'#!/bin/sh\nexec {sys.executable} {directory / "job.py"} "$@"\n')
+    cc.chmod(0o755)
+    return directory
 
 
 def _ninja_dir() -> str:
@@ -36,11 +46,11 @@ def _ninja_dir() -> str:
     pytest.skip("no ninja >= 1.13 installed (pip install ninja==1.13.0)")
 
 
-def _project(root: Path, edges: int) -> Path:
+def _project(root: Path, edges: int, seconds: dict[int, float] | None = None) -> Path:
+    """A ninja project of ``edges`` compile steps (``cc``, found on PATH), 0.4 s each unless ``seconds`` says."""
     root.mkdir(parents=True)
-    (root / "job.py").write_text(JOB)
-    lines = [f"rule job\n  command = {sys.executable} job.py $out\n"]
-    lines += [f"build t{i}.txt: job\n" for i in range(edges)]
+    lines = ["rule job\n  command = cc $out $dur\n"]
+    lines += [f"build t{i}.txt: job\n  dur = {(seconds or {}).get(i, 0.4)}\n" for i in range(edges)]
     (root / "build.ninja").write_text("".join(lines))
     return root
 
@@ -91,17 +101,17 @@ def _run_many(tmp_path: Path, env: dict[str, str], count: int = 2) -> list[Path]
 
 
 def test_two_ninjas_share_one_budget(tmp_path: Path) -> None:
-    path = os.pathsep.join([_ninja_dir(), os.environ.get("PATH", "")])
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
     server = JobServer(3, tmp_path / "js", search_path=path)
     try:
         assert server.clients, server.describe()
-        env = server.env({**os.environ, "PATH": path})
+        env = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
         assert "--jobserver-auth=fifo:" in env["MAKEFLAGS"]
         dirs = _run_many(tmp_path / "shared", env)
         peak = _max_overlap(dirs)
         assert 2 <= peak <= 3, f"{peak} jobs ran at once; the budget is 3"
-        # Four ninjas at once (apex builds extensions in parallel): each one's
-        # first job is paid for too, so they still stay within the budget.
+        # Four ninjas at once (apex builds extensions in parallel): every compiler takes its token, so
+        # they still stay within the budget.
         dirs = _run_many(tmp_path / "four", env, count=4)
         peak = _max_overlap(dirs)
         assert 2 <= peak <= 3, f"{peak} jobs ran at once; the budget is 3"
@@ -113,6 +123,37 @@ def test_two_ninjas_share_one_budget(tmp_path: Path) -> None:
     # The same two builds without the jobserver run their own -j 8 each.
     dirs = _run_many(tmp_path / "unshared", {**os.environ, "PATH": path})
     assert _max_overlap(dirs) > 3
+
+
+def test_a_slot_freed_while_a_long_unit_runs_goes_to_the_units_waiting(tmp_path: Path) -> None:
+    """Another package holds one of two slots when this ninja starts; its first unit is long, its other
+    four are short. ninja 1.13 as a jobserver client starts what tokens it gets, then waits for one of
+    its own commands to end before taking a token that came free (ninja-build/ninja#2683): the short
+    units waited for the long one, as TransformerEngine's 53 units waited 230 s for cast_transpose_fusion.
+    Through the gate, the slot freed at 0.5 s goes to a waiting short unit at once."""
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(2, tmp_path / "js", search_path=path)
+    try:
+        env = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        project = _project(tmp_path / "p", 5, seconds={0: 4.0, 1: 0.2, 2: 0.2, 3: 0.2, 4: 0.2})
+        done: list[subprocess.CompletedProcess[str]] = []
+        with server.slot(1):  # the other package's compiler
+            build = threading.Thread(
+                target=lambda: done.append(
+                    subprocess.run(["ninja", "-j", "8"], cwd=project, env=env, capture_output=True, text=True)
+                )
+            )
+            build.start()
+            time.sleep(0.5)
+        build.join()
+        assert done[0].returncode == 0, done[0].stdout + done[0].stderr
+        ends = {f.name: float(f.read_text().split()[1]) for f in project.glob("t*.txt")}
+        short_ends = [ends[f"t{i}.txt"] for i in range(1, 5)]
+        assert max(short_ends) < ends["t0.txt"], f"the short units waited for the long one: {ends}"
+        assert _max_overlap([project]) <= 2
+        assert _free_tokens(server) == 2
+    finally:
+        server.close()
 
 
 def test_slots_are_returned_after_a_failed_block(tmp_path: Path) -> None:
@@ -215,7 +256,7 @@ def _ninja_log_order(project: Path) -> list[str]:
 
 def test_shim_starts_the_longest_units_first(tmp_path: Path) -> None:
     """With REPRO_UNIT_TIMES the shim reorders the manifest; real ninja then starts the slowest unit first."""
-    path = os.pathsep.join([_ninja_dir(), os.environ.get("PATH", "")])
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
     server = JobServer(1, tmp_path / "js", search_path=path)
     try:
         env = server.env({**os.environ, "PATH": path})
