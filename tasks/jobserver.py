@@ -203,14 +203,8 @@ class JobServer:
             out["CCACHE_PREFIX"] = out["CCACHE_PREFIX_CPP"] = gate
             return out
         path = out.get("PATH", "")
-        scripts = {}
-        for name in GATED:
-            found = shutil.which(name, path=path)
-            if found:
-                scripts[name] = f'#!/bin/sh\nexec {shlex.quote(gate)} {shlex.quote(os.path.abspath(found))} "$@"\n'
-        cxx = out.get("CXX", "")
-        if cxx and "/" in shlex.split(cxx)[0]:
-            scripts["cxx-by-path"] = f'#!/bin/sh\nexec {shlex.quote(gate)} {cxx} "$@"\n'
+        targets = self.gated(out)
+        scripts = {name: f'#!/bin/sh\nexec {shlex.quote(gate)} {target} "$@"\n' for name, target in targets.items()}
         digest = hashlib.sha256(json.dumps(scripts, sort_keys=True).encode()).hexdigest()[:16]
         gated = self.bin / f"gated-{digest}"
         if not gated.is_dir():
@@ -230,6 +224,19 @@ class JobServer:
             out["PYTORCH_NVCC"] = str(gated / "nvcc")
         out.setdefault("CMAKE_CUDA_COMPILER_LAUNCHER", gate)
         return out
+
+    @staticmethod
+    def gated(env: dict[str, str]) -> dict[str, str]:
+        """What the gate's compiler scripts run for ``env`` (without ccache): name -> command."""
+        targets = {}
+        for name in GATED:
+            found = shutil.which(name, path=env.get("PATH", ""))
+            if found:
+                targets[name] = shlex.quote(os.path.abspath(found))
+        cxx = env.get("CXX", "")
+        if cxx and "/" in shlex.split(cxx)[0]:
+            targets["cxx-by-path"] = cxx
+        return targets
 
     def tokens_for(self, jobs: int) -> int:
         """Tokens a build of ``jobs`` compiler jobs holds while it runs.
