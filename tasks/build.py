@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import builder, docker, ninjaorder, objcache, proc, reproducible, toolchain, workspace
+from tasks import builder, docker, jobserver, ninjaorder, objcache, proc, reproducible, toolchain, workspace
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -140,6 +140,7 @@ def compile_wheel(
             times_file = out / "unit-times.json"
             times_file.write_text(json.dumps(times))
             env["REPRO_UNIT_TIMES"] = str(times_file)
+        env["REPRO_GATE_PRIORITY"] = str(jobserver.priority(times, server.slots))
     objects = ctx.objcache() if object_cache else None
     stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
     stats_log.unlink(missing_ok=True)

@@ -33,14 +33,18 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import heapq
 import json
 import os
 import re
+import selectors
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -81,20 +85,164 @@ exec {real} -j {slots} "$@"
 """
 
 #: One token per compiler process: ``gate COMMAND ARGS...`` (``CCACHE_PREFIX``, the compiler scripts).
-_GATE = """#!/bin/sh
-# reprostack: run a compiler on one token of the run's jobserver (tasks/jobserver.py).
-# A compiler started by one that holds a token (nvcc's host compiler) runs on it.
-[ -n "$REPRO_GATE_HELD" ] && exec "$@"
-fifo={fifo}
-token=$(dd if="$fifo" bs=1 count=1 2>/dev/null)
-REPRO_GATE_HELD=1
-export REPRO_GATE_HELD
-trap 'printf %s "$token" > "$fifo"; exit 143' TERM INT HUP
-"$@"
-status=$?
-printf %s "$token" > "$fifo"
-exit $status
+#: It asks the run's broker (:class:`Broker`) for a token at its package's priority, then becomes the
+#: compiler, which inherits the connection: the token goes back when the compiler (and whatever it
+#: started) has ended, however it ended, even killed.
+_GATE = """#!{python} -IS
+# reprostack: run a compiler on one job token of the run (tasks/jobserver.py).
+import os, socket, sys
+args = sys.argv[1:]
+if not os.environ.get("REPRO_GATE_HELD"):  # a compiler started by one holding a token runs on it
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect({socket!r})
+    conn.sendall(os.environ.get("REPRO_GATE_PRIORITY", "0").encode() + b"\\n")
+    if conn.recv(1) != b"+":
+        sys.exit("reprostack gate: the run's job broker is gone")
+    os.set_inheritable(conn.fileno(), True)
+    os.environ["REPRO_GATE_HELD"] = "1"
+os.execvp(args[0], args)
 """
+
+
+class Broker:
+    """Hands the run's tokens to waiting compilers, highest priority first (then first come).
+
+    A compiler's gate connects and sends its package's priority (:func:`priority`); the broker
+    takes a token from the jobserver's fifo for it, answers ``+``, and puts the token back when the
+    connection closes. So the package that sets the run's wall time is never queued behind one that
+    does not, and a token freed by any package goes to the best waiter at once.
+    """
+
+    def __init__(self, fifo_fd: int) -> None:
+        self._fifo = fifo_fd
+        self._dir = tempfile.mkdtemp(prefix="reprostack-jobs-")  # short: unix socket paths are limited
+        self.socket = os.path.join(self._dir, "broker.sock")
+        self._listen = socket.socket(socket.AF_UNIX)
+        self._listen.bind(self.socket)
+        self._listen.listen(256)
+        self._listen.setblocking(False)
+        self._wake_r, self._wake_w = os.pipe()
+        self._tokens = os.open(f"/proc/self/fd/{fifo_fd}", os.O_RDONLY | os.O_NONBLOCK)
+        self._waiting: list[tuple[float, int, socket.socket]] = []
+        self._held: set[socket.socket] = set()
+        self._seq = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, name="job-broker", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._listen, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        fifo_registered = False
+        pending: dict[socket.socket, bytes] = {}
+        while not self._stop:
+            want_tokens = bool(self._waiting)
+            if want_tokens != fifo_registered:
+                if want_tokens:
+                    sel.register(self._tokens, selectors.EVENT_READ, "tokens")
+                else:
+                    sel.unregister(self._tokens)
+                fifo_registered = want_tokens
+            for key, _ in sel.select():
+                what = key.data
+                if what == "accept":
+                    try:
+                        conn, _addr = self._listen.accept()
+                    except BlockingIOError:
+                        continue
+                    conn.setblocking(False)
+                    pending[conn] = b""
+                    sel.register(conn, selectors.EVENT_READ, "hello")
+                elif what == "hello":
+                    conn = _sock(key.fileobj)
+                    data = self._recv(conn)
+                    if data is None:  # gone before it said anything
+                        sel.unregister(conn)
+                        pending.pop(conn, None)
+                        conn.close()
+                        continue
+                    pending[conn] += data
+                    if b"\n" in pending[conn]:
+                        line = pending.pop(conn).split(b"\n")[0]
+                        try:
+                            prio = float(line)
+                        except ValueError:
+                            prio = 0.0
+                        self._seq += 1
+                        heapq.heappush(self._waiting, (-prio, self._seq, conn))
+                        sel.modify(conn, selectors.EVENT_READ, "waiting")
+                elif what in ("waiting", "held"):
+                    conn = _sock(key.fileobj)
+                    if self._recv(conn) is None:  # closed: a held token goes back; a waiter is dropped
+                        sel.unregister(conn)
+                        conn.close()
+                        if conn in self._held:
+                            self._held.discard(conn)
+                            os.write(self._fifo, b"+")
+                        else:
+                            self._waiting = [w for w in self._waiting if w[2] is not conn]
+                            heapq.heapify(self._waiting)
+                elif what == "tokens":
+                    while self._waiting:
+                        try:
+                            token = os.read(self._tokens, 1)
+                        except BlockingIOError:
+                            break
+                        if not token:
+                            break
+                        _prio, _seq, conn = heapq.heappop(self._waiting)
+                        try:
+                            conn.send(b"+")
+                        except OSError:
+                            os.write(self._fifo, token)
+                            continue
+                        self._held.add(conn)
+                        sel.modify(conn, selectors.EVENT_READ, "held")
+                elif what == "wake":
+                    os.read(self._wake_r, 64)
+        sel.close()
+
+    @staticmethod
+    def _recv(conn: socket.socket) -> bytes | None:
+        """What ``conn`` sent (b"" if nothing yet), None when it closed."""
+        try:
+            data = conn.recv(64)
+        except BlockingIOError:
+            return b""
+        except OSError:
+            return None
+        return data or None
+
+    def close(self) -> None:
+        self._stop = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+        for fd in (self._wake_r, self._wake_w, self._tokens):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._listen.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _sock(obj: object) -> socket.socket:
+    assert isinstance(obj, socket.socket)
+    return obj
+
+
+def priority(times: dict[str, float], slots: int) -> float:
+    """A package's claim on the run's tokens: its recorded critical path, its longest compile unit, plus
+    its work spread over the budget (tasks/ninjaorder.py records unit times; patches/<pkg>/ holds hints
+    for an empty cache). Packages without records get 0: after every package that has them."""
+    if not times:
+        return 0.0
+    return round(max(times.values()) + sum(times.values()) / max(1, slots), 1)
+
 
 #: The compilers gated by name on PATH where no ccache does it (tasks/objcache.py masquerades the same names).
 GATED = ("cc", "gcc", "c++", "g++", "nvcc")
@@ -154,6 +302,7 @@ class JobServer:
         self.clients = version is not None and version >= MIN_NINJA
         self.bin = directory / f"bin-{os.getpid()}"
         self.gate = self.bin / "gate"
+        self.broker: Broker | None = None
         if self.clients and real:
             self.bin.mkdir(exist_ok=True)
             shim = self.bin / "ninja"
@@ -166,7 +315,8 @@ class JobServer:
                 )
             )
             shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-            self.gate.write_text(_GATE.format(fifo=shlex.quote(str(self.fifo))))
+            self.broker = Broker(self._fd)
+            self.gate.write_text(_GATE.format(python=sys.executable, socket=self.broker.socket))
             self.gate.chmod(0o755)
         atexit.register(self.close)
 
@@ -271,6 +421,9 @@ class JobServer:
                 os.write(self._fd, b"+" * taken)
 
     def close(self) -> None:
+        if self.broker is not None:
+            self.broker.close()
+            self.broker = None
         try:
             os.close(self._fd)
         except OSError:

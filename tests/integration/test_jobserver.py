@@ -156,6 +156,52 @@ def test_a_slot_freed_while_a_long_unit_runs_goes_to_the_units_waiting(tmp_path:
         server.close()
 
 
+def test_a_freed_token_goes_to_the_highest_priority_waiting_compiler(tmp_path: Path) -> None:
+    """Three packages' compilers wait for the one slot, arriving in the order 1, 5, 3 of their packages'
+    priorities; the slot goes to 5, then 3, then 1. A waiter that gives up is dropped, and its place
+    taken by the next."""
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(1, tmp_path / "js", search_path=path)
+    try:
+        env = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        procs = {}
+        with server.slot(1):
+            for prio in (1, 5, 3):
+                out = tmp_path / f"p{prio}.txt"
+                procs[prio] = subprocess.Popen(["cc", str(out), "0.1"], env={**env, "REPRO_GATE_PRIORITY": str(prio)})
+                time.sleep(0.3)  # connected and waiting, in this order
+            quitter = subprocess.Popen(["cc", str(tmp_path / "p9.txt"), "0.1"], env={**env, "REPRO_GATE_PRIORITY": "9"})
+            time.sleep(0.3)
+            quitter.kill()
+            quitter.wait()
+        for proc in procs.values():
+            assert proc.wait(timeout=30) == 0
+        starts = {prio: float((tmp_path / f"p{prio}.txt").read_text().split()[0]) for prio in procs}
+        assert sorted(starts, key=starts.__getitem__) == [5, 3, 1]
+        assert not (tmp_path / "p9.txt").exists()
+        assert _free_tokens(server) == 1  # every token came back
+    finally:
+        server.close()
+
+
+def test_a_killed_compiler_gives_its_token_back(tmp_path: Path) -> None:
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(1, tmp_path / "js", search_path=path)
+    try:
+        env = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        proc = subprocess.Popen(["cc", str(tmp_path / "long.txt"), "30"], env=env)
+        time.sleep(0.5)
+        assert _free_tokens(server) == 0  # held by the running compiler
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _free_tokens(server) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _free_tokens(server) == 1
+    finally:
+        server.close()
+
+
 def test_slots_are_returned_after_a_failed_block(tmp_path: Path) -> None:
     server = JobServer(2, tmp_path / "js", search_path=os.environ.get("PATH", ""))
     try:
