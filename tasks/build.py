@@ -141,6 +141,7 @@ def compile_wheel(
             times_file.write_text(json.dumps(times))
             env["REPRO_UNIT_TIMES"] = str(times_file)
         env["REPRO_GATE_PRIORITY"] = str(jobserver.priority(times, server.slots))
+        env["REPRO_GATE_PACKAGE"] = pkg.name
     objects = ctx.objcache() if object_cache else None
     stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
     stats_log.unlink(missing_ok=True)
@@ -160,11 +161,12 @@ def compile_wheel(
     env["REPRO_WAIT_LOG"] = str(waits)
     with server.slot(server.tokens_for(jobs), wait_log=waits):
         usage = run_build(place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, progress=progress)
+    starved = server.broker.starved(pkg.name) if server.broker is not None else []
     return Compiled(
         wheel=_normalised(raw, out, pkg, log),
         usage=usage,
         objects=objcache.stats(stats_log),
-        waits=tuple(read_waits(waits)),
+        waits=tuple(read_waits(waits)) + tuple(starved),
     )
 
 

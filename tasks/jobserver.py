@@ -95,7 +95,8 @@ args = sys.argv[1:]
 if not os.environ.get("REPRO_GATE_HELD"):  # a compiler started by one holding a token runs on it
     conn = socket.socket(socket.AF_UNIX)
     conn.connect({socket!r})
-    conn.sendall(os.environ.get("REPRO_GATE_PRIORITY", "0").encode() + b"\\n")
+    hello = os.environ.get("REPRO_GATE_PRIORITY", "0") + " " + os.environ.get("REPRO_GATE_PACKAGE", "")
+    conn.sendall(hello.encode() + b"\\n")
     if conn.recv(1) != b"+":
         sys.exit("reprostack gate: the run's job broker is gone")
     os.set_inheritable(conn.fileno(), True)
@@ -125,6 +126,11 @@ class Broker:
         self._tokens = os.open(f"/proc/self/fd/{fifo_fd}", os.O_RDONLY | os.O_NONBLOCK)
         self._waiting: list[tuple[float, int, socket.socket]] = []
         self._held: set[socket.socket] = set()
+        self._package: dict[socket.socket, str] = {}
+        self._counts: dict[str, list[int]] = {}  # package -> [waiting, held]
+        self._starved_since: dict[str, float] = {}
+        self._starved: dict[str, list[tuple[float, float]]] = {}
+        self._log_lock = threading.Lock()
         self._seq = 0
         self._stop = False
         self._thread = threading.Thread(target=self._serve, name="job-broker", daemon=True)
@@ -164,11 +170,13 @@ class Broker:
                         continue
                     pending[conn] += data
                     if b"\n" in pending[conn]:
-                        line = pending.pop(conn).split(b"\n")[0]
+                        words = pending.pop(conn).split(b"\n")[0].decode(errors="replace").split()
                         try:
-                            prio = float(line)
-                        except ValueError:
+                            prio = float(words[0])
+                        except (ValueError, IndexError):
                             prio = 0.0
+                        self._package[conn] = words[1] if len(words) > 1 else ""
+                        self._count(conn, waiting=+1)
                         self._seq += 1
                         heapq.heappush(self._waiting, (-prio, self._seq, conn))
                         sel.modify(conn, selectors.EVENT_READ, "waiting")
@@ -179,10 +187,13 @@ class Broker:
                         conn.close()
                         if conn in self._held:
                             self._held.discard(conn)
+                            self._count(conn, held=-1)
                             os.write(self._fifo, b"+")
                         else:
                             self._waiting = [w for w in self._waiting if w[2] is not conn]
                             heapq.heapify(self._waiting)
+                            self._count(conn, waiting=-1)
+                        self._package.pop(conn, None)
                 elif what == "tokens":
                     while self._waiting:
                         try:
@@ -198,10 +209,31 @@ class Broker:
                             os.write(self._fifo, token)
                             continue
                         self._held.add(conn)
+                        self._count(conn, waiting=-1, held=+1)
                         sel.modify(conn, selectors.EVENT_READ, "held")
                 elif what == "wake":
                     os.read(self._wake_r, 64)
         sel.close()
+
+    def _count(self, conn: socket.socket, *, waiting: int = 0, held: int = 0) -> None:
+        """Track, per package, the spans when it had compilers waiting and none running: its wait for slots."""
+        package = self._package.get(conn, "")
+        counts = self._counts.setdefault(package, [0, 0])
+        counts[0] += waiting
+        counts[1] += held
+        starved = counts[0] > 0 and counts[1] == 0
+        now = time.time()
+        with self._log_lock:
+            if starved and package not in self._starved_since:
+                self._starved_since[package] = now
+            elif not starved and package in self._starved_since:
+                self._starved.setdefault(package, []).append((self._starved_since.pop(package), now))
+
+    def starved(self, package: str) -> list[tuple[float, float]]:
+        """The (start, end) spans, in seconds since the epoch, when ``package`` had compilers waiting for a
+        token and none running (what its build waited for job slots), and forgets them."""
+        with self._log_lock:
+            return self._starved.pop(package, [])
 
     @staticmethod
     def _recv(conn: socket.socket) -> bytes | None:

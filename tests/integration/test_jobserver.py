@@ -168,7 +168,8 @@ def test_a_freed_token_goes_to_the_highest_priority_waiting_compiler(tmp_path: P
         with server.slot(1):
             for prio in (1, 5, 3):
                 out = tmp_path / f"p{prio}.txt"
-                procs[prio] = subprocess.Popen(["cc", str(out), "0.1"], env={**env, "REPRO_GATE_PRIORITY": str(prio)})
+                gate_env = {**env, "REPRO_GATE_PRIORITY": str(prio), "REPRO_GATE_PACKAGE": f"pkg{prio}"}
+                procs[prio] = subprocess.Popen(["cc", str(out), "0.1"], env=gate_env)
                 time.sleep(0.3)  # connected and waiting, in this order
             quitter = subprocess.Popen(["cc", str(tmp_path / "p9.txt"), "0.1"], env={**env, "REPRO_GATE_PRIORITY": "9"})
             time.sleep(0.3)
@@ -178,6 +179,12 @@ def test_a_freed_token_goes_to_the_highest_priority_waiting_compiler(tmp_path: P
             assert proc.wait(timeout=30) == 0
         starts = {prio: float((tmp_path / f"p{prio}.txt").read_text().split()[0]) for prio in procs}
         assert sorted(starts, key=starts.__getitem__) == [5, 3, 1]
+        # What each package waited for a slot (its build summary's "waited"): pkg1 the longest, from its
+        # arrival until 5 and 3 had run.
+        assert server.broker is not None
+        waited = {p: sum(end - start for start, end in server.broker.starved(f"pkg{p}")) for p in procs}
+        assert waited[1] > waited[3] > 0.3 and waited[1] >= 0.6, waited
+        assert server.broker.starved("pkg1") == []  # reported once
         assert not (tmp_path / "p9.txt").exists()
         assert _free_tokens(server) == 1  # every token came back
     finally:
