@@ -16,8 +16,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pathspec
-
 TREE_HASH_VERSION = "tree-v1"
 _CHUNK = 1 << 20
 
@@ -99,7 +97,9 @@ class FileFilter:
 
     def __post_init__(self) -> None:
         # GitIgnoreSpec follows git exactly: a file under an excluded directory
-        # is excluded too, and '!' re-includes.
+        # is excluded too, and '!' re-includes. Imported here: a no-op run builds no filter.
+        import pathspec
+
         object.__setattr__(self, "_inc", pathspec.GitIgnoreSpec.from_lines(self.include))
         object.__setattr__(self, "_exc", pathspec.GitIgnoreSpec.from_lines(self.exclude))
 
