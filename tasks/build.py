@@ -147,16 +147,10 @@ def compile_wheel(
     stats_log.unlink(missing_ok=True)
     if objects is not None:
         env = objects.env(env, stats_log=stats_log)
-    pre = env
-    env = server.gate_env(env, ccache=objects is not None)
-    if server.clients:
+    env, how = server.gate_env(env, ccache=objects is not None)
+    if how:
         with log.open("a") as fh:
-            how = (
-                ["ccache (CCACHE_PREFIX)"]
-                if objects is not None
-                else [f"{n} = {c}" for n, c in server.gated(pre).items()]
-            )
-            fh.write(f"# each compiler takes a job token through the run's gate: {', '.join(how)}\n")
+            fh.write(how + "\n")
     waits = out / "waits.log"
     env["REPRO_WAIT_LOG"] = str(waits)
     with server.slot(server.tokens_for(jobs), wait_log=waits):

@@ -166,11 +166,13 @@ def resolve(
     *,
     constraints: Sequence[str] = (),
     log: Path,
+    where: str = "runtime",
 ) -> dict[str, str]:
     """name -> version of every distribution the requirements need on the target, but the ``fixed`` ones.
 
     ``fixed`` maps the distributions the target already has (provided, or built by us) to their
-    versions; ``constraints`` are extra ``name==version`` lines (the lock's earlier pins).
+    versions; ``constraints`` are extra ``name==version`` lines (the lock's earlier pins); ``where`` is
+    the lock's section, for the error.
     """
     with tempfile.TemporaryDirectory(prefix="reprostack-resolve-") as tmp:
         work = Path(tmp)
@@ -194,7 +196,7 @@ def resolve(
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
         log.write_text(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
         if res.returncode != 0:
-            raise ResolutionFailed(_pip_reason(res.stderr, target) + f"\n(pip's output: {log})")
+            raise ResolutionFailed(_pip_reason(res.stderr, target, where) + f"\n(pip's output: {log})")
         report = json.loads((work / "report.json").read_text())
     found: dict[str, str] = {}
     fixed_names = {canonicalize_name(n) for n in fixed}
@@ -207,7 +209,7 @@ def resolve(
     return dict(sorted(found.items()))
 
 
-def _pip_reason(stderr: str, target: Target) -> str:
+def _pip_reason(stderr: str, target: Target, where: str) -> str:
     """The lines of pip's error that say what could not be resolved."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     wanted = [
@@ -218,7 +220,7 @@ def _pip_reason(stderr: str, target: Target) -> str:
         or "depends on" in line
     ]
     shown = "\n  ".join((wanted or lines)[-12:])
-    return f"[runtime] cannot be resolved for CPython {target.python} on {target.platforms[0]}:\n  {shown}"
+    return f"[{where}] cannot be resolved for CPython {target.python} on {target.platforms[0]}:\n  {shown}"
 
 
 def file_hashes(name: str, version: str, target: Target, *, work: Path, indexes: list[str] | None) -> list[str]:

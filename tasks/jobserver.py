@@ -369,8 +369,9 @@ class JobServer:
         env["PATH"] = os.pathsep.join([str(self.bin), env.get("PATH", "")])
         return env
 
-    def gate_env(self, env: dict[str, str], *, ccache: bool) -> dict[str, str]:
-        """``env`` (the build's final environment) with every compiler process taking a token in the gate.
+    def gate_env(self, env: dict[str, str], *, ccache: bool) -> tuple[dict[str, str], str]:
+        """``env`` (the build's final environment) with every compiler process taking a token in the gate,
+        and a line for the build log saying how the compilers reach it.
 
         With ``ccache`` (the object cache routes the build's compilers through ccache), ccache runs the
         gate on a miss (``CCACHE_PREFIX``, and ``CCACHE_PREFIX_CPP`` for its preprocessor runs);
@@ -378,14 +379,14 @@ class JobServer:
         given by path and CMake's CUDA launcher name the gate too.
         """
         if not self.clients:
-            return env
+            return env, ""
         out = dict(env)
         gate = str(self.gate)
         if ccache:  # its preprocessor runs (nvcc -E: seconds, hundreds of MB) too
             out["CCACHE_PREFIX"] = out["CCACHE_PREFIX_CPP"] = gate
-            return out
+            return out, "# each compiler takes a job token through the run's gate: ccache (CCACHE_PREFIX)"
         path = out.get("PATH", "")
-        targets = self.gated(out)
+        targets = self._gated(out)
         scripts = {name: f'#!/bin/sh\nexec {shlex.quote(gate)} {target} "$@"\n' for name, target in targets.items()}
         digest = hashlib.sha256(json.dumps(scripts, sort_keys=True).encode()).hexdigest()[:16]
         gated = self.bin / f"gated-{digest}"
@@ -405,10 +406,11 @@ class JobServer:
         if "nvcc" in scripts:  # torch's cpp_extension runs $CUDA_HOME/bin/nvcc by path otherwise
             out["PYTORCH_NVCC"] = str(gated / "nvcc")
         out.setdefault("CMAKE_CUDA_COMPILER_LAUNCHER", gate)
-        return out
+        how = ", ".join(f"{name} = {target}" for name, target in targets.items())
+        return out, f"# each compiler takes a job token through the run's gate: {how}"
 
     @staticmethod
-    def gated(env: dict[str, str]) -> dict[str, str]:
+    def _gated(env: dict[str, str]) -> dict[str, str]:
         """What the gate's compiler scripts run for ``env`` (without ccache): name -> command."""
         targets = {}
         for name in GATED:

@@ -196,8 +196,6 @@ def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, upd
             lines += _lock_one_runtime(lock_path, lock, where, runtime, profile, cache, wheels=wheels, logs=logs,
                                        update=update)  # fmt: skip
         except closure.ResolutionFailed as exc:
-            if where != "runtime" and exc.message.startswith("[runtime]"):
-                exc = closure.ResolutionFailed(f"[{where}]" + exc.message.removeprefix("[runtime]"))
             failed.append(exc)
             lines.append(f"{where}: NOT RESOLVED (below)")
     if failed:
@@ -224,11 +222,11 @@ def _lock_one_runtime(
     log = logs / ("lock-runtime.log" if where == "runtime" else f"lock-runtime-{profile}.log")
     try:
         found = closure.resolve(requirements, fixed, target, constraints=[f"{n}=={p.version}" for n, p in old.items()],
-                                log=log)  # fmt: skip
+                                log=log, where=where)  # fmt: skip
     except closure.ResolutionFailed:
         if not old:
             raise
-        found = closure.resolve(requirements, fixed, target, log=log)  # the earlier pins did not fit: start afresh
+        found = closure.resolve(requirements, fixed, target, log=log, where=where)  # earlier pins did not fit
     indexes = pypi.pip_indexes()
     pins = []
     with tempfile.TemporaryDirectory(prefix="lock-runtime-") as work:

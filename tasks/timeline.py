@@ -196,7 +196,7 @@ def interval_union(intervals: Iterable[tuple[float, float]], lo: float, hi: floa
 
 
 def read_waits(path: Path) -> list[tuple[float, float]]:
-    """The (start, end) wall-clock seconds a build waited for job slots (the ninja shim's and slot() lines)."""
+    """The (start, end) wall-clock seconds a build waited for job slots (``JobServer.slot``'s lines)."""
     waits = []
     try:
         lines = path.read_text().splitlines()

@@ -105,7 +105,7 @@ def test_two_ninjas_share_one_budget(tmp_path: Path) -> None:
     server = JobServer(3, tmp_path / "js", search_path=path)
     try:
         assert server.clients, server.describe()
-        env = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
         assert "--jobserver-auth=fifo:" in env["MAKEFLAGS"]
         dirs = _run_many(tmp_path / "shared", env)
         peak = _max_overlap(dirs)
@@ -134,7 +134,7 @@ def test_a_slot_freed_while_a_long_unit_runs_goes_to_the_units_waiting(tmp_path:
     path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
     server = JobServer(2, tmp_path / "js", search_path=path)
     try:
-        env = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
         project = _project(tmp_path / "p", 5, seconds={0: 4.0, 1: 0.2, 2: 0.2, 3: 0.2, 4: 0.2})
         done: list[subprocess.CompletedProcess[str]] = []
         with server.slot(1):  # the other package's compiler
@@ -163,7 +163,7 @@ def test_a_freed_token_goes_to_the_highest_priority_waiting_compiler(tmp_path: P
     path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
     server = JobServer(1, tmp_path / "js", search_path=path)
     try:
-        env = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
         procs = {}
         with server.slot(1):
             for prio in (1, 5, 3):
@@ -195,7 +195,7 @@ def test_a_killed_compiler_gives_its_token_back(tmp_path: Path) -> None:
     path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
     server = JobServer(1, tmp_path / "js", search_path=path)
     try:
-        env = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
         proc = subprocess.Popen(["cc", str(tmp_path / "long.txt"), "30"], env=env)
         time.sleep(0.5)
         assert _free_tokens(server) == 0  # held by the running compiler
