@@ -142,6 +142,13 @@ def compile_wheel(
             env["REPRO_UNIT_TIMES"] = str(times_file)
         env["REPRO_GATE_PRIORITY"] = str(jobserver.priority(times, server.slots))
         env["REPRO_GATE_PACKAGE"] = pkg.name
+    if server.broker is not None:
+        server.broker.expect(
+            pkg.name,
+            records=jobserver.load_memory(jobserver.memory_record(ctx.cache.root, pkg.name)),
+            hints=jobserver.load_memory(ctx.lock.patches_dir / pkg.name / jobserver.MEMORY_HINTS_FILE),
+            default_mb=pkg.mem_per_job_gb * 1024,
+        )
     objects = ctx.objcache() if object_cache else None
     stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
     stats_log.unlink(missing_ok=True)
@@ -153,8 +160,14 @@ def compile_wheel(
             fh.write(how + "\n")
     waits = out / "waits.log"
     env["REPRO_WAIT_LOG"] = str(waits)
-    with server.slot(server.tokens_for(jobs), wait_log=waits):
-        usage = run_build(place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, progress=progress)
+    try:
+        with server.slot(server.tokens_for(jobs), wait_log=waits):
+            usage = run_build(
+                place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, progress=progress
+            )
+    finally:
+        if server.broker is not None:  # what each unit held, failed builds' too (a unit killed for memory)
+            _record_units(ctx, pkg, server.broker.results(pkg.name), log)
     starved = server.broker.starved(pkg.name) if server.broker is not None else []
     return Compiled(
         wheel=_normalised(raw, out, pkg, log),
@@ -162,6 +175,23 @@ def compile_wheel(
         objects=objcache.stats(stats_log),
         waits=tuple(read_waits(waits)) + tuple(starved),
     )
+
+
+def _record_units(ctx: Context, pkg: Package, units: dict[str, dict[str, object]], log: Path) -> None:
+    """Record what ``pkg``'s units held in the cache (the next run admits them by it) and say so in its log."""
+    units = {u: found for u, found in units.items() if u != "-"}  # a tool asked its version: no unit
+    jobserver.record_memory(ctx.cache.root, pkg.name, units)
+    killed = sorted(u for u, found in units.items() if found.get("killed"))
+    peaks = {u: float(str(found.get("peak_mb", 0))) for u, found in units.items()}
+    with log.open("a") as fh:
+        if peaks:
+            top = max(peaks, key=peaks.__getitem__)
+            fh.write(f"# {len(peaks)} compiles; the largest held {peaks[top] / 1024:.1f} GB ({top})\n")
+        for unit in killed:
+            then = "failed again" if units[unit].get("exit") else "then passed"
+            fh.write(f"# {unit} was killed for memory and run once more: it {then}\n")
+    for unit in killed:
+        print(f"note: {pkg.name}: {unit} was killed for memory and run once more with room for it", flush=True)
 
 
 def _normalised(raw: Path, out: Path, pkg: Package, log: Path) -> Path:

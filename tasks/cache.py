@@ -12,6 +12,7 @@ Layout under the cache root::
     objects/                  ccache's compile-object cache (size-limited by ccache)
     fetched/<sha256>/         wheels used as they are: the runtime closure's, prebuilt ones (file, origin)
     timings/<package>.json    compile seconds per unit at the package's last build (tasks/ninjaorder.py)
+    timings/<package>.memory.json  each unit's peak memory at its last build (tasks/gate.py, tasks/jobserver.py)
     tmp/                      work in progress, renamed into place when complete
 
 Entries appear atomically (a directory renamed into place), so a reader sees

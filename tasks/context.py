@@ -19,7 +19,7 @@ from tasks import builder as builder_mod
 from tasks import hermetic, objcache, reproducible, toolchain
 from tasks.cache import Cache
 from tasks.errors import FetchError, PatchError, ReproError, ToolchainError
-from tasks.jobserver import JobServer, plan_budget
+from tasks.jobserver import MIN_NINJA, JobServer, available_memory_mb, find_ninja, plan_budget
 from tasks.keys import RECIPE_FORMAT, action_key, key_document
 from tasks.lockfile import Lock, Package, Runtime, arch_env, expand_env, load_lock
 from tasks.objcache import ObjectCache
@@ -262,15 +262,24 @@ class Context:
                 source = "budget (mem=)"
                 if mem is None:
                     mem, source = available_memory_gb(), "available"
+                path = self.host_env()["PATH"]
+                ninja = find_ninja(path)
+                per_unit = self.settings.memory == "unit" and (ninja[1] or (0,)) >= MIN_NINJA
                 budget = plan_budget(
                     cores=os.cpu_count() or 1,
                     mem_gb=mem,
                     heaviest_gb=max((p.mem_per_job_gb for p in building), default=0.0),
                     jobs=self.settings.jobs,
                     mem_source=source,
+                    per_unit=per_unit,
                 )
                 self._jobserver = JobServer(
-                    budget.slots, self.settings.builddir.absolute() / "jobserver", search_path=self.host_env()["PATH"]
+                    budget.slots,
+                    self.settings.builddir.absolute() / "jobserver",
+                    search_path=path,
+                    ninja=ninja,
+                    mem_budget_gb=mem if per_unit else None,
+                    unit_log=(self.settings.logs / "units.log").absolute(),
                 )
                 print(f"job budget: {budget.slots} ({budget.reason}); {self._jobserver.describe()}", flush=True)
             return self._jobserver
@@ -345,14 +354,8 @@ def interpreter_path(path: str) -> str:
 
 
 def available_memory_gb() -> float | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / (1024 * 1024)
-    except OSError:
-        return None
-    return None
+    mb = available_memory_mb()
+    return mb / 1024 if mb is not None else None
 
 
 #: doit's options that take their value as the next argument.

@@ -3,8 +3,9 @@
 The run owns a named pipe (GNU make 4.4's ``--jobserver-auth=fifo:PATH``)
 holding one token per job slot, advertised to builds through ``MAKEFLAGS``.
 
-Every compiler process takes one token for as long as it runs, through the
-``gate`` script below: put in front of the compilers by ccache's
+Every compiler process takes one token for as long as it runs, and room for
+its own expected memory in the run's memory budget (:class:`Broker`), through
+the gate (tasks/gate.py): put in front of the compilers by ccache's
 ``CCACHE_PREFIX`` (so a compile served from the object cache takes none), or,
 without the object cache, by scripts named like the compilers first on
 ``PATH`` (and ``PYTORCH_NVCC``, ``CXX`` by path, CMake's CUDA launcher). A
@@ -32,6 +33,7 @@ one budget, coarsely.
 from __future__ import annotations
 
 import atexit
+import fnmatch
 import hashlib
 import heapq
 import json
@@ -52,6 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks import gate as gate_module
 from tasks import ninjaorder
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
@@ -84,38 +87,98 @@ done
 exec {real} -j {slots} "$@"
 """
 
-#: One token per compiler process: ``gate COMMAND ARGS...`` (``CCACHE_PREFIX``, the compiler scripts).
-#: It asks the run's broker (:class:`Broker`) for a token at its package's priority, then becomes the
-#: compiler, which inherits the connection: the token goes back when the compiler (and whatever it
-#: started) has ended, however it ended, even killed.
-_GATE = """#!{python} -IS
-# reprostack: run a compiler on one job token of the run (tasks/jobserver.py).
-import os, socket, sys
-args = sys.argv[1:]
-if not os.environ.get("REPRO_GATE_HELD"):  # a compiler started by one holding a token runs on it
-    conn = socket.socket(socket.AF_UNIX)
-    conn.connect({socket!r})
-    hello = os.environ.get("REPRO_GATE_PRIORITY", "0") + " " + os.environ.get("REPRO_GATE_PACKAGE", "")
-    conn.sendall(hello.encode() + b"\\n")
-    if conn.recv(1) != b"+":
-        sys.exit("reprostack gate: the run's job broker is gone")
-    os.set_inheritable(conn.fileno(), True)
-    os.environ["REPRO_GATE_HELD"] = "1"
-os.execvp(args[0], args)
-"""
+
+@dataclass(frozen=True)
+class Expect:
+    """What the broker expects a unit to hold (MB): its peak, the process the peak comes in (cicc), and what
+    it holds once that process has ended (None: unknown, so the peak is kept for all of the unit)."""
+
+    peak_mb: float
+    peak_in: str = ""
+    after_mb: float | None = None
+
+
+@dataclass
+class _Unit:
+    """A compile connected to the broker: waiting, or running on a token and on room in the budget."""
+
+    package: str
+    unit: str
+    expect: Expect
+    retry: bool = False
+    live_mb: float = 0.0
+    past: bool = False
+    since: float = 0.0
+    buf: bytes = b""
+
+    def reserved(self) -> float:
+        """The memory counted for this running unit: what it holds, or more, what it is expected to reach."""
+        rest = self.expect.after_mb if self.past and self.expect.after_mb is not None else self.expect.peak_mb
+        return max(self.live_mb, rest)
+
+
+@dataclass
+class _Plan:
+    """A package's expectations: the cache's records by unit, the lock's hints by unit or pattern, a default."""
+
+    records: dict[str, dict[str, object]]
+    hints: dict[str, dict[str, object]]
+    default_mb: float
+
+    def expect(self, unit: str) -> Expect:
+        """The cache's record of ``unit``, else the lock's hint (by name, then the first matching pattern),
+        capped at the package's ``mem_per_job_gb`` (a profile that builds less, FA3's ``minimal``, states
+        less), else that figure."""
+        if unit in self.records:
+            return expectation(self.records[unit], self.default_mb)
+        hint = self.hints.get(unit)
+        if hint is None:
+            hint = next((v for k, v in self.hints.items() if fnmatch.fnmatchcase(unit, k)), None)
+        if hint is not None:
+            found = expectation(hint, self.default_mb)
+            if found.peak_mb <= self.default_mb:
+                return found
+            return Expect(self.default_mb, found.peak_in, min(found.after_mb or self.default_mb, self.default_mb))
+        if unit.endswith(".E"):  # a preprocessor run: seconds, hundreds of MB
+            return Expect(min(self.default_mb, PREPROCESS_MB))
+        return Expect(self.default_mb)
+
+
+#: What a preprocessor-only run (ccache's, nvcc -E) is expected to hold without a record of its own.
+PREPROCESS_MB = 2048.0
+
+
+def expectation(found: dict[str, object] | None, default_mb: float) -> Expect:
+    """An :class:`Expect` from a record or hint (``peak_mb``, ``peak_in``, ``after_mb``), else the default."""
+    if not found:
+        return Expect(default_mb)
+    peak = found.get("peak_mb")
+    after = found.get("after_mb")
+    return Expect(
+        peak_mb=float(peak) if isinstance(peak, int | float) and peak > 0 else default_mb,
+        peak_in=str(found.get("peak_in") or ""),
+        after_mb=float(after) if isinstance(after, int | float) and after > 0 else None,
+    )
 
 
 class Broker:
-    """Hands the run's tokens to waiting compilers, highest priority first (then first come).
+    """Admits the run's compiles: a token each, highest priority first (then first come), and, with a
+    memory budget, room for each unit's recorded or estimated peak.
 
-    A compiler's gate connects and sends its package's priority (:func:`priority`); the broker
-    takes a token from the jobserver's fifo for it, answers ``+``, and puts the token back when the
-    connection closes. So the package that sets the run's wall time is never queued behind one that
-    does not, and a token freed by any package goes to the best waiter at once.
+    A compile's gate (tasks/gate.py) connects and says its package's priority (:func:`priority`) and
+    its unit; the broker admits it when a token is free and its expected memory fits in the budget next
+    to what the running units hold or are expected to reach (and in what the host really has left),
+    answers ``+``, and takes the token and the room back when the connection closes. A unit that does
+    not fit waits, and units behind it start only where they leave its room free: heavy units are never
+    overtaken for good, light ones fill the rest. While a unit runs its gate reports its memory; once
+    the process its recorded peak came in has ended, only its recorded rest is counted. So the package
+    that sets the run's wall time is never queued behind one that does not, and memory is counted per
+    unit, not as a fixed figure per job.
     """
 
-    def __init__(self, fifo_fd: int) -> None:
+    def __init__(self, fifo_fd: int, *, budget_mb: float | None = None, log: Path | None = None) -> None:
         self._fifo = fifo_fd
+        self.budget_mb = budget_mb
         self._dir = tempfile.mkdtemp(prefix="reprostack-jobs-")  # short: unix socket paths are limited
         self.socket = os.path.join(self._dir, "broker.sock")
         self._listen = socket.socket(socket.AF_UNIX)
@@ -125,31 +188,53 @@ class Broker:
         self._wake_r, self._wake_w = os.pipe()
         self._tokens = os.open(f"/proc/self/fd/{fifo_fd}", os.O_RDONLY | os.O_NONBLOCK)
         self._waiting: list[tuple[float, int, socket.socket]] = []
+        self._units: dict[socket.socket, _Unit] = {}
         self._held: set[socket.socket] = set()
-        self._package: dict[socket.socket, str] = {}
         self._counts: dict[str, list[int]] = {}  # package -> [waiting, held]
         self._starved_since: dict[str, float] = {}
         self._starved: dict[str, list[tuple[float, float]]] = {}
-        self._log_lock = threading.Lock()
+        self._plans: dict[str, _Plan] = {}
+        self._results: dict[str, dict[str, dict[str, object]]] = {}
+        self._lock = threading.Lock()
+        self._log = log.open("a", buffering=1) if log is not None else None
+        self.peak_running = 0
+        self.peak_reserved_mb = 0.0
         self._seq = 0
         self._stop = False
+        self._need_token = False
         self._thread = threading.Thread(target=self._serve, name="job-broker", daemon=True)
         self._thread.start()
+
+    def expect(
+        self,
+        package: str,
+        *,
+        records: dict[str, dict[str, object]],
+        hints: dict[str, dict[str, object]],
+        default_mb: float,
+    ) -> None:
+        """What ``package``'s units are expected to hold: recorded by unit, else hinted, else ``default_mb``."""
+        with self._lock:
+            self._plans[package] = _Plan(records=records, hints=hints, default_mb=default_mb)
+
+    def results(self, package: str) -> dict[str, dict[str, object]]:
+        """What each of ``package``'s finished units held (``peak_mb``, ``peak_in``, ``after_mb``, ``seconds``,
+        ``killed``), and forgets them."""
+        with self._lock:
+            return self._results.pop(package, {})
 
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
         sel.register(self._listen, selectors.EVENT_READ, "accept")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         fifo_registered = False
-        pending: dict[socket.socket, bytes] = {}
         while not self._stop:
-            want_tokens = bool(self._waiting)
-            if want_tokens != fifo_registered:
-                if want_tokens:
+            if self._need_token != fifo_registered:
+                if self._need_token:
                     sel.register(self._tokens, selectors.EVENT_READ, "tokens")
                 else:
                     sel.unregister(self._tokens)
-                fifo_registered = want_tokens
+                fifo_registered = self._need_token
             for key, _ in sel.select():
                 what = key.data
                 if what == "accept":
@@ -158,88 +243,206 @@ class Broker:
                     except BlockingIOError:
                         continue
                     conn.setblocking(False)
-                    pending[conn] = b""
-                    sel.register(conn, selectors.EVENT_READ, "hello")
-                elif what == "hello":
+                    self._units[conn] = _Unit(package="", unit="", expect=Expect(0.0))
+                    sel.register(conn, selectors.EVENT_READ, "conn")
+                elif what == "conn":
                     conn = _sock(key.fileobj)
                     data = self._recv(conn)
-                    if data is None:  # gone before it said anything
-                        sel.unregister(conn)
-                        pending.pop(conn, None)
-                        conn.close()
-                        continue
-                    pending[conn] += data
-                    if b"\n" in pending[conn]:
-                        words = pending.pop(conn).split(b"\n")[0].decode(errors="replace").split()
-                        try:
-                            prio = float(words[0])
-                        except (ValueError, IndexError):
-                            prio = 0.0
-                        self._package[conn] = words[1] if len(words) > 1 else ""
-                        self._count(conn, waiting=+1)
-                        self._seq += 1
-                        heapq.heappush(self._waiting, (-prio, self._seq, conn))
-                        sel.modify(conn, selectors.EVENT_READ, "waiting")
-                elif what in ("waiting", "held"):
-                    conn = _sock(key.fileobj)
-                    if self._recv(conn) is None:  # closed: a held token goes back; a waiter is dropped
+                    if data is None:
                         sel.unregister(conn)
                         conn.close()
-                        if conn in self._held:
-                            self._held.discard(conn)
-                            self._count(conn, held=-1)
-                            os.write(self._fifo, b"+")
-                        else:
-                            self._waiting = [w for w in self._waiting if w[2] is not conn]
-                            heapq.heapify(self._waiting)
-                            self._count(conn, waiting=-1)
-                        self._package.pop(conn, None)
-                elif what == "tokens":
-                    while self._waiting:
-                        try:
-                            token = os.read(self._tokens, 1)
-                        except BlockingIOError:
-                            break
-                        if not token:
-                            break
-                        _prio, _seq, conn = heapq.heappop(self._waiting)
-                        try:
-                            conn.send(b"+")
-                        except OSError:
-                            os.write(self._fifo, token)
-                            continue
-                        self._held.add(conn)
-                        self._count(conn, waiting=-1, held=+1)
-                        sel.modify(conn, selectors.EVENT_READ, "held")
+                        self._closed(conn)
+                    else:
+                        self._received(conn, data)
                 elif what == "wake":
                     os.read(self._wake_r, 64)
+                self._grant()
         sel.close()
 
-    def _count(self, conn: socket.socket, *, waiting: int = 0, held: int = 0) -> None:
+    def _received(self, conn: socket.socket, data: bytes) -> None:
+        unit = self._units[conn]
+        unit.buf += data
+        while b"\n" in unit.buf:
+            raw, unit.buf = unit.buf.split(b"\n", 1)
+            words = raw.decode(errors="replace").split()
+            if conn in self._held:
+                self._report(conn, unit, words)
+            elif not unit.package:
+                self._hello(conn, unit, words)
+
+    def _hello(self, conn: socket.socket, unit: _Unit, words: list[str]) -> None:
+        """``PRIORITY PACKAGE UNIT [NEED_MB]``: a compile asks to run (NEED_MB: its retry, with that room)."""
+        try:
+            prio = float(words[0])
+        except (ValueError, IndexError):
+            prio = 0.0
+        unit.package = words[1] if len(words) > 1 else "-"
+        unit.unit = words[2] if len(words) > 2 else "-"
+        with self._lock:
+            plan = self._plans.get(unit.package)
+        unit.expect = plan.expect(unit.unit) if plan is not None else Expect(0.0)
+        if len(words) > 3:  # killed for memory once: first in line, with the room it asked for
+            try:
+                need = float(words[3])
+            except ValueError:
+                need = unit.expect.peak_mb
+            need = max(need, unit.expect.peak_mb)
+            if self.budget_mb is not None:
+                need = min(need, self.budget_mb)
+            unit.expect = Expect(need)
+            unit.retry = True
+            prio = float("inf")
+        self._count(unit, waiting=+1)
+        self._seq += 1
+        heapq.heappush(self._waiting, (-prio, self._seq, conn))
+        self._note("wait", unit)
+
+    def _report(self, conn: socket.socket, unit: _Unit, words: list[str]) -> None:
+        """A running compile's reports: ``m LIVE_MB PAST``, ``k PEAK_MB`` (killed for memory) and
+        ``d PEAK_MB PEAK_IN AFTER_MB SECONDS EXIT`` (done)."""
+        try:
+            if words[0] == "m":
+                unit.live_mb = float(words[1])
+                unit.past = words[2] == "1"
+                with self._lock:
+                    self.peak_reserved_mb = max(self.peak_reserved_mb, self._reserved())
+            elif words[0] == "k":
+                self._record(unit, {"peak_mb": float(words[1]), "killed": True})
+                self._note("killed", unit)
+            elif words[0] == "d":
+                found: dict[str, object] = {"peak_mb": float(words[1]), "seconds": float(words[4])}
+                if words[2] != "-":
+                    found["peak_in"] = words[2]
+                if float(words[3]) > 0:
+                    found["after_mb"] = float(words[3])
+                if words[5] != "0":
+                    found["exit"] = int(words[5])
+                self._record(unit, found)
+                unit.live_mb = float(words[1])
+        except (IndexError, ValueError):
+            return
+
+    def _record(self, unit: _Unit, found: dict[str, object]) -> None:
+        """Keep what a unit reported; a retried unit keeps the mark and the larger peak of its killed run."""
+        with self._lock:
+            done = self._results.setdefault(unit.package, {})
+            previous = done.get(unit.unit, {})
+            if previous.get("killed"):
+                found["killed"] = True
+                found["peak_mb"] = max(_mb(previous.get("peak_mb")), _mb(found.get("peak_mb")))
+            done[unit.unit] = found
+
+    def _closed(self, conn: socket.socket) -> None:
+        """A closed connection: a running unit's token goes back and its room is free; a waiter is dropped."""
+        unit = self._units.pop(conn)
+        if conn in self._held:
+            self._held.discard(conn)
+            self._count(unit, held=-1)
+            os.write(self._fifo, b"+")
+            self._note("end", unit)
+        elif unit.package:
+            self._waiting = [w for w in self._waiting if w[2] is not conn]
+            heapq.heapify(self._waiting)
+            self._count(unit, waiting=-1)
+
+    def _reserved(self) -> float:
+        return sum(self._units[c].reserved() for c in self._held)
+
+    def _fits(self, unit: _Unit, room: float) -> bool:
+        if self.budget_mb is None or not self._held:
+            return True  # no budget, or nothing else running: a unit larger than the budget runs alone
+        if unit.expect.peak_mb > room:
+            return False
+        # What the host really has left, less what the running units are still expected to grow by.
+        available = available_memory_mb()
+        if available is None:
+            return True
+        growth = sum(max(0.0, self._units[c].reserved() - self._units[c].live_mb) for c in self._held)
+        return unit.expect.peak_mb <= available - growth
+
+    def _candidate(self) -> tuple[float, int, socket.socket] | None:
+        """The waiter to admit next, if any: the first in line if it fits, else the first behind it that
+        leaves the first one's room free."""
+        order = sorted(self._waiting)
+        head = self._units[order[0][2]]
+        room = (self.budget_mb or 0.0) - self._reserved()
+        if self._fits(head, room):
+            return order[0]
+        room -= head.expect.peak_mb
+        return next((w for w in order[1:] if self._fits(self._units[w[2]], room)), None)
+
+    def _grant(self) -> None:
+        """Admit waiters while one fits and a token is free (else wait for the token's fifo, or a release)."""
+        self._need_token = False
+        while self._waiting:
+            chosen = self._candidate()
+            if chosen is None:
+                return
+            try:
+                token = os.read(self._tokens, 1)
+            except BlockingIOError:
+                token = b""
+            if not token:
+                self._need_token = True
+                return
+            self._waiting.remove(chosen)
+            heapq.heapify(self._waiting)
+            conn = chosen[2]
+            unit = self._units[conn]
+            expect = unit.expect.peak_in if unit.expect.after_mb is not None else ""
+            try:
+                conn.send(b"+" + expect.encode() + b"\n")
+            except OSError:
+                os.write(self._fifo, token)
+                continue
+            self._held.add(conn)
+            unit.since = time.time()
+            self._count(unit, waiting=-1, held=+1)
+            with self._lock:
+                self.peak_running = max(self.peak_running, len(self._held))
+                self.peak_reserved_mb = max(self.peak_reserved_mb, self._reserved())
+            self._note("retry" if unit.retry else "start", unit)
+
+    def _note(self, event: str, unit: _Unit) -> None:
+        """One line of the run's unit log: what happened, to which unit, and the budget's state after it."""
+        if self._log is None:
+            return
+        line = (
+            f"{time.time():.3f} {event} {unit.package} {unit.unit} expect={unit.expect.peak_mb:.0f}MB "
+            f"live={unit.live_mb:.0f}MB running={len(self._held)} reserved={self._reserved():.0f}MB "
+            f"waiting={len(self._waiting)}"
+        )
+        if event == "end":
+            line += f" seconds={time.time() - unit.since:.1f}"
+        try:
+            self._log.write(line + "\n")
+        except (OSError, ValueError):
+            self._log = None
+
+    def _count(self, unit: _Unit, *, waiting: int = 0, held: int = 0) -> None:
         """Track, per package, the spans when it had compilers waiting and none running: its wait for slots."""
-        package = self._package.get(conn, "")
-        counts = self._counts.setdefault(package, [0, 0])
+        counts = self._counts.setdefault(unit.package, [0, 0])
         counts[0] += waiting
         counts[1] += held
         starved = counts[0] > 0 and counts[1] == 0
         now = time.time()
-        with self._log_lock:
-            if starved and package not in self._starved_since:
-                self._starved_since[package] = now
-            elif not starved and package in self._starved_since:
-                self._starved.setdefault(package, []).append((self._starved_since.pop(package), now))
+        with self._lock:
+            if starved and unit.package not in self._starved_since:
+                self._starved_since[unit.package] = now
+            elif not starved and unit.package in self._starved_since:
+                self._starved.setdefault(unit.package, []).append((self._starved_since.pop(unit.package), now))
 
     def starved(self, package: str) -> list[tuple[float, float]]:
         """The (start, end) spans, in seconds since the epoch, when ``package`` had compilers waiting for a
         token and none running (what its build waited for job slots), and forgets them."""
-        with self._log_lock:
+        with self._lock:
             return self._starved.pop(package, [])
 
     @staticmethod
     def _recv(conn: socket.socket) -> bytes | None:
         """What ``conn`` sent (b"" if nothing yet), None when it closed."""
         try:
-            data = conn.recv(64)
+            data = conn.recv(4096)
         except BlockingIOError:
             return b""
         except OSError:
@@ -259,12 +462,68 @@ class Broker:
             except OSError:
                 pass
         self._listen.close()
+        if self._log is not None:
+            self._log.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _mb(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def available_memory_mb() -> float | None:
+    """The host's ``MemAvailable`` in MB, None where ``/proc/meminfo`` does not say."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _sock(obj: object) -> socket.socket:
     assert isinstance(obj, socket.socket)
     return obj
+
+
+#: The lock's expectations of a package's units (``patches/<pkg>/unit-memory.json``): unit file name or
+#: pattern -> ``{"peak_mb": ..., "peak_in": "cicc", "after_mb": ...}``. The cache's records win.
+MEMORY_HINTS_FILE = "unit-memory.json"
+
+
+def load_memory(path: Path) -> dict[str, dict[str, object]]:
+    """A unit-memory file (records or hints); anything unreadable counts as empty."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict)}
+
+
+def memory_record(cache_root: Path, package: str) -> Path:
+    return cache_root / "timings" / f"{package}.memory.json"
+
+
+def record_memory(cache_root: Path, package: str, results: dict[str, dict[str, object]]) -> None:
+    """Add what a build's units held to the cache's record for ``package``: the newest run wins, except
+    that a unit killed for memory keeps the larger of its peaks."""
+    if not results:
+        return
+    path = memory_record(cache_root, package)
+    known = load_memory(path)
+    for unit, found in results.items():
+        entry = {k: (round(v) if isinstance(v, float) and k.endswith("_mb") else v) for k, v in found.items()}
+        if found.get("killed") and unit in known:
+            entry["peak_mb"] = max(_mb(entry.get("peak_mb")), _mb(known[unit].get("peak_mb")))
+        known[unit] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(dict(sorted(known.items())), indent=0, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def priority(times: dict[str, float], slots: int) -> float:
@@ -289,18 +548,33 @@ class Budget:
 
 
 def plan_budget(
-    *, cores: int, mem_gb: float | None, heaviest_gb: float, jobs: int | None, mem_source: str = "available"
+    *,
+    cores: int,
+    mem_gb: float | None,
+    heaviest_gb: float,
+    jobs: int | None,
+    mem_source: str = "available",
+    per_unit: bool = False,
 ) -> Budget:
     """The run's job budget: ``jobs`` (default: cores), lowered so that the heaviest
-    package's jobs fit in memory (``mem_gb`` / ``heaviest_gb`` per job)."""
+    package's jobs fit in memory (``mem_gb`` / ``heaviest_gb`` per job), unless the gate
+    admits each unit against ``mem_gb`` by its own memory (``per_unit``)."""
     slots = jobs or cores
     reason = f"jobs={jobs}" if jobs else f"{cores} cores"
-    if mem_gb is not None and heaviest_gb > 0:
+    if per_unit and mem_gb is not None:
+        reason += f"; memory admitted per unit against {mem_gb:.0f} GB {mem_source}"
+    elif mem_gb is not None and heaviest_gb > 0:
         fit = max(1, int(mem_gb // heaviest_gb))
         if fit < slots:
             slots = fit
             reason = f"{mem_gb:.0f} GB {mem_source} / {heaviest_gb:g} GB per job"
     return Budget(slots=max(1, slots), reason=reason)
+
+
+def find_ninja(search_path: str) -> tuple[str | None, tuple[int, ...] | None]:
+    """The ninja on ``search_path`` and its version (None, None without one)."""
+    real = shutil.which("ninja", path=search_path)
+    return real, (ninja_version(real) if real else None)
 
 
 def ninja_version(ninja: str) -> tuple[int, ...] | None:
@@ -315,7 +589,18 @@ def ninja_version(ninja: str) -> tuple[int, ...] | None:
 class JobServer:
     """A fifo of ``slots`` tokens plus the ninja shim, alive for this process."""
 
-    def __init__(self, slots: int, directory: Path, *, search_path: str) -> None:
+    def __init__(
+        self,
+        slots: int,
+        directory: Path,
+        *,
+        search_path: str,
+        ninja: tuple[str | None, tuple[int, ...] | None] | None = None,
+        mem_budget_gb: float | None = None,
+        unit_log: Path | None = None,
+    ) -> None:
+        """``slots`` tokens; the gate admits units against ``mem_budget_gb`` (None: tokens only) and logs
+        each unit's start and end to ``unit_log``. ``ninja``: :func:`find_ninja`'s answer, if known."""
         self.slots = slots
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
@@ -327,8 +612,7 @@ class JobServer:
         self._fd = os.open(self.fifo, os.O_RDWR)
         os.write(self._fd, b"+" * slots)
         self._gather = threading.Lock()
-        real = shutil.which("ninja", path=search_path)
-        version = ninja_version(real) if real else None
+        real, version = ninja if ninja is not None else find_ninja(search_path)
         self.ninja = real
         self.ninja_version = version
         self.clients = version is not None and version >= MIN_NINJA
@@ -347,8 +631,13 @@ class JobServer:
                 )
             )
             shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-            self.broker = Broker(self._fd)
-            self.gate.write_text(_GATE.format(python=sys.executable, socket=self.broker.socket))
+            if unit_log is not None:
+                unit_log.parent.mkdir(parents=True, exist_ok=True)
+            budget_mb = mem_budget_gb * 1024 if mem_budget_gb is not None else None
+            self.broker = Broker(self._fd, budget_mb=budget_mb, log=unit_log)
+            source = Path(gate_module.__file__).read_text()
+            call = f"\nraise SystemExit(main({self.broker.socket!r}, sys.argv[1:]))\n"
+            self.gate.write_text(f"#!{sys.executable} -IS\n" + source + call)
             self.gate.chmod(0o755)
         atexit.register(self.close)
 

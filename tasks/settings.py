@@ -10,6 +10,8 @@ mirror     REPRO_MIRROR        read-only source mirror consulted before the netw
 cache      REPRO_CACHE         cache directory (default ``$XDG_CACHE_HOME/reprostack``)
 jobs       REPRO_JOBS          compiler job budget for the whole run (default: cores, lowered for memory)
 mem        REPRO_MEM_GB        memory budget in GB for compiler jobs (default: MemAvailable)
+memory     REPRO_MEMORY        how jobs are admitted against it: ``unit`` (default: each compile by its own
+                               recorded or estimated peak) or ``job`` (a fixed ``mem_per_job_gb`` per job)
 objcache   REPRO_OBJCACHE      compile-object cache (ccache): ``on`` (default) or ``off``
 objcache_size REPRO_OBJCACHE_SIZE  its size limit (default ``20G``)
 wheels     REPRO_WHEELS        wheelhouse directory (default ``wheels``)
@@ -56,6 +58,7 @@ VARIABLES = {
     "cache": ("REPRO_CACHE", ""),
     "jobs": ("REPRO_JOBS", ""),
     "mem": ("REPRO_MEM_GB", ""),
+    "memory": ("REPRO_MEMORY", "unit"),
     "objcache": ("REPRO_OBJCACHE", "on"),
     "objcache_size": ("REPRO_OBJCACHE_SIZE", "20G"),
     "wheels": ("REPRO_WHEELS", "wheels"),
@@ -110,6 +113,8 @@ class Settings:
     remote_write: bool = False
     remote_timeout: float = 10.0
     shard: tuple[int, int] | None = None
+    #: ``unit``: the gate admits each compile by its own memory; ``job``: a fixed mem_per_job_gb per job.
+    memory: str = "unit"
     #: The variables the workspace's reprostack.toml supplied (see workspace_defaults).
     from_workspace: tuple[str, ...] = ()
 
@@ -172,6 +177,12 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
             raise ReproError(f"jobs={jobs_raw!r}: give a positive whole number of compiler jobs")
         jobs = int(jobs_raw)
     mem_gb = _positive("mem", doit_vars, "give the memory budget in GB as a positive number, e.g. mem=96")
+    memory = _get("memory", doit_vars)
+    if memory not in ("unit", "job"):
+        raise ReproError(
+            f"memory={memory!r}: use 'unit' (each compile admitted by its own recorded or estimated peak) "
+            "or 'job' (a fixed mem_per_job_gb per job)"
+        )
     objcache = _switch("objcache", doit_vars)
     objcache_size = _get("objcache_size", doit_vars)
     if not valid_size(objcache_size):
@@ -224,6 +235,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         remote_write=remote_write,
         remote_timeout=remote_timeout,
         shard=parse_shard(_get("shard", doit_vars)),
+        memory=memory,
         from_workspace=tuple(sorted(from_workspace)),
     )
 

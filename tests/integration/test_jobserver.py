@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.jobserver import JobServer, killed_for_memory, ninja_version
+from tasks.jobserver import JobServer, killed_for_memory, load_memory, memory_record, ninja_version, record_memory
 
 JOB = textwrap.dedent(
     """
@@ -341,5 +341,209 @@ def test_shim_starts_the_longest_units_first(tmp_path: Path) -> None:
         res = subprocess.run(["ninja"], cwd=broken, env=env_timed, capture_output=True, text=True, check=False)
         assert res.returncode == 0, res.stdout + res.stderr
         assert _ninja_log_order(broken) == ["t0.txt", "t1.txt"]
+    finally:
+        server.close()
+
+
+#: A "compiler" that holds MB of memory for SECONDS and records when it ran: ``cc -o OUT MB SECONDS``.
+#: With a PHASES file (``REPRO_TEST_PHASES``) it runs as two processes, a large one then a small one.
+HOLD = textwrap.dedent(
+    """
+    import os, sys, time
+    out, mb, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    start = time.time()
+    held = b"x" * (mb << 20)  # resident, page by page
+    time.sleep(seconds)
+    with open(out, "a") as fh:
+        fh.write(f"{start} {time.time()}\\n")
+    """
+)
+
+
+def _memory_compiler(directory: Path, *, phases: bool = False) -> Path:
+    """A directory holding ``cc``; with ``phases``, each compile runs ``bigstep`` (the MB given) and then
+    ``smallstep`` (20 MB), two processes named apart as nvcc's cicc and ptxas are."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "hold.py").write_text(HOLD)
+    for name in ("bigstep", "smallstep"):
+        (directory / name).unlink(missing_ok=True)
+        (directory / name).symlink_to(sys.executable)
+    if phases:
+        body = (
+            f'{directory / "bigstep"} -S {directory / "hold.py"} -o "$2.big" "$3" "$4" && '
+            f'{directory / "smallstep"} -S {directory / "hold.py"} -o "$2.small" 20 "$4" && touch "$2"\n'
+        )
+    else:
+        body = f'exec {sys.executable} -S {directory / "hold.py"} "$@"\n'
+    (directory / "cc").write_text("#!/bin/sh\n" + body)
+    (directory / "cc").chmod(0o755)
+    return directory
+
+
+def _memory_project(root: Path, units: dict[str, tuple[int, float]]) -> Path:
+    """A ninja project whose units (output name -> (MB, seconds)) run ``cc -o OUT MB SECONDS``."""
+    root.mkdir(parents=True)
+    lines = ["rule job\n  command = cc -o $out $mb $dur\n"]
+    lines += [f"build {name}: job\n  mb = {mb}\n  dur = {dur}\n" for name, (mb, dur) in units.items()]
+    (root / "build.ninja").write_text("".join(lines))
+    return root
+
+
+def _spans(files: list[Path]) -> list[tuple[float, float]]:
+    return [tuple(map(float, line.split())) for f in files if f.exists() for line in f.read_text().splitlines()]  # type: ignore[misc]
+
+
+def _overlap(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda e: (e[0], e[1]))
+    running = peak = 0
+    for _t, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def _build_in(project: Path, server: JobServer, path: str, package: str = "pkg") -> subprocess.CompletedProcess[str]:
+    env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+    env["REPRO_GATE_PACKAGE"] = package
+    return subprocess.run(["ninja", "-j", "8"], cwd=project, env=env, capture_output=True, text=True, check=False)
+
+
+def test_units_are_admitted_by_their_own_memory(tmp_path: Path) -> None:
+    """Four slots, a 600 MB budget: four heavy units (250 MB each) and four light ones (30 MB). The heavy
+    ones never run more than two at once (750 MB would overcommit); the light ones fill the other slots.
+    With tokens only (no memory budget), the heavy units run four at once."""
+    path = os.pathsep.join([str(_memory_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    units = {f"h{i}.o": (250, 1.5) for i in range(4)} | {f"l{i}.o": (30, 1.5) for i in range(4)}
+    hints: dict[str, dict[str, object]] = {"h*.o": {"peak_mb": 260}, "l*.o": {"peak_mb": 50}}
+
+    server = JobServer(4, tmp_path / "js", search_path=path, mem_budget_gb=600 / 1024, unit_log=tmp_path / "u.log")
+    try:
+        assert server.broker is not None
+        server.broker.expect("pkg", records={}, hints=hints, default_mb=260)
+        project = _memory_project(tmp_path / "budget", units)
+        res = _build_in(project, server, path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        heavy = _overlap(_spans([project / f"h{i}.o" for i in range(4)]))
+        every = _overlap(_spans([project / n for n in units]))
+        assert heavy <= 2, f"{heavy} heavy units ran at once in a 600 MB budget"
+        assert every >= 3, f"the light units did not fill the free slots ({every} at once)"
+        results = server.broker.results("pkg")
+        assert set(results) == set(units)
+        assert 250 <= float(str(results["h0.o"]["peak_mb"])) < 400, results["h0.o"]
+        assert float(str(results["l0.o"]["peak_mb"])) < 120, results["l0.o"]
+        assert _free_tokens(server) == 4
+    finally:
+        server.close()
+    log = (tmp_path / "u.log").read_text()
+    assert "start pkg h0.o expect=260MB" in log and "end pkg h0.o" in log
+
+    tokens_only = JobServer(4, tmp_path / "js2", search_path=path)
+    try:
+        project = _memory_project(tmp_path / "tokens", units)
+        res = _build_in(project, tokens_only, path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert _overlap(_spans([project / f"h{i}.o" for i in range(4)])) >= 3
+    finally:
+        tokens_only.close()
+
+
+def test_recorded_memory_replaces_the_estimate_at_the_next_build(tmp_path: Path) -> None:
+    """Without records every unit counts the package's default (250 MB: two at once in 600 MB); the
+    build records what each held (about 40 MB), and the next build runs them four at once."""
+    path = os.pathsep.join([str(_memory_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    units = {f"u{i}.o": (30, 1.5) for i in range(4)}
+    cache = tmp_path / "cache"
+    overlaps = []
+    for run in ("first", "second"):
+        server = JobServer(4, tmp_path / f"js-{run}", search_path=path, mem_budget_gb=600 / 1024)
+        try:
+            assert server.broker is not None
+            records = load_memory(memory_record(cache, "pkg"))
+            server.broker.expect("pkg", records=records, hints={}, default_mb=250)
+            project = _memory_project(tmp_path / run, units)
+            res = _build_in(project, server, path)
+            assert res.returncode == 0, res.stdout + res.stderr
+            overlaps.append(_overlap(_spans([project / n for n in units])))
+            record_memory(cache, "pkg", server.broker.results("pkg"))
+        finally:
+            server.close()
+    assert overlaps[0] <= 2 and overlaps[1] >= 3, overlaps
+    recorded = load_memory(memory_record(cache, "pkg"))
+    assert set(recorded) == set(units)
+    assert all(30 <= float(str(r["peak_mb"])) < 120 for r in recorded.values()), recorded
+
+
+def test_a_unit_past_its_peak_process_counts_only_its_rest(tmp_path: Path) -> None:
+    """Each unit runs a 250 MB process (as nvcc's cicc) and then a 20 MB one (as ptxas). Recorded with its
+    peak in the first, a unit counts only its rest once that process has ended, so while two units
+    run their small step two more start their large one: four units at once in 600 MB, never more
+    than two large steps. Without the record's rest, two units at a time."""
+    path = os.pathsep.join(
+        [str(_memory_compiler(tmp_path / "bin", phases=True)), _ninja_dir(), os.environ.get("PATH", "")]
+    )
+    units = {f"u{i}.o": (250, 1.5) for i in range(4)}
+    found = {}
+    for name, record in (
+        ("rest", {"peak_mb": 270, "peak_in": "bigstep", "after_mb": 40}),
+        ("peak", {"peak_mb": 270}),
+    ):
+        server = JobServer(4, tmp_path / f"js-{name}", search_path=path, mem_budget_gb=600 / 1024)
+        try:
+            assert server.broker is not None
+            server.broker.expect("pkg", records={u: record for u in units}, hints={}, default_mb=270)
+            project = _memory_project(tmp_path / name, units)
+            res = _build_in(project, server, path)
+            assert res.returncode == 0, res.stdout + res.stderr
+            big = _overlap(_spans([project / f"{n}.big" for n in units]))
+            whole = _overlap(_spans([project / f"{n}.big" for n in units] + [project / f"{n}.small" for n in units]))
+            found[name] = (big, whole)
+            if name == "rest":
+                learned = server.broker.results("pkg")["u0.o"]
+                assert learned["peak_in"] == "bigstep" and float(str(learned["after_mb"])) < 120, learned
+        finally:
+            server.close()
+    assert found["rest"][0] <= 2 and found["rest"][1] >= 3, found
+    assert found["peak"][1] <= 2, found
+
+
+KILLED_ONCE = textwrap.dedent(
+    """#!/bin/sh
+    # Killed (SIGKILL, as by the OOM killer) the first time; compiles the second.
+    if [ ! -e "$2.tried" ]; then touch "$2.tried"; kill -9 $$; fi
+    if [ -n "$ALWAYS_KILLED" ]; then kill -9 $$; fi
+    echo ok > "$2"
+    """
+)
+
+
+def test_a_unit_killed_for_memory_is_run_once_more(tmp_path: Path) -> None:
+    """A compile SIGKILLed (the OOM killer's signal) runs once more, and the build passes; one killed
+    again fails it, with the shell's 137. The record keeps the mark."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "cc").write_text(KILLED_ONCE)
+    (bindir / "cc").chmod(0o755)
+    path = os.pathsep.join([str(bindir), _ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(2, tmp_path / "js", search_path=path, mem_budget_gb=1.0, unit_log=tmp_path / "u.log")
+    try:
+        assert server.broker is not None
+        server.broker.expect("pkg", records={}, hints={}, default_mb=100)
+        project = _memory_project(tmp_path / "p", {"a.o": (1, 0), "b.o": (1, 0)})
+        res = _build_in(project, server, path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert (project / "a.o").read_text() == "ok\n" and (project / "b.o").read_text() == "ok\n"
+        assert "a.o (pkg) was killed for memory" in res.stdout + res.stderr
+        results = server.broker.results("pkg")
+        assert results["a.o"]["killed"] is True and "exit" not in results["a.o"], results
+        assert " retry pkg a.o " in (tmp_path / "u.log").read_text()
+
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        again = _memory_project(tmp_path / "again", {"c.o": (1, 0)})
+        res = subprocess.run(
+            ["ninja"], cwd=again, env={**env, "ALWAYS_KILLED": "1"}, capture_output=True, text=True, check=False
+        )
+        assert res.returncode != 0
+        assert "FAILED" in res.stdout and (res.stdout + res.stderr).count("was killed for memory") == 1
+        assert _free_tokens(server) == 2
     finally:
         server.close()

@@ -1,0 +1,245 @@
+"""The gate: one compiler process, run on a job token and on room in the run's memory budget.
+
+The run's broker (tasks/jobserver.py) writes this file, with a line calling
+:func:`main` with its socket, as the script ``gate`` that every compiler of a
+build runs through (ccache's ``CCACHE_PREFIX``, or scripts named like the
+compilers first on ``PATH``). For one compile it:
+
+1. says to the broker which package and which unit (the ``-o`` output's file
+   name, the key of the package's recorded unit times) it is, at the package's
+   priority, and waits until the broker admits it: a free token, and room for
+   the unit's recorded or estimated peak memory;
+2. runs the compiler as its child, sampling the resident memory of the whole
+   process tree (nvcc, cicc, ptxas, the host compiler) from ``/proc`` while it
+   runs, and telling the broker when it changes: so the broker counts what the
+   unit really holds, and once the process in which the unit's recorded peak
+   came (cicc, for FlashAttention's kernels) has ended, the smaller rest of it;
+3. when the compile was killed for memory (SIGKILL, or the kernel's OOM
+   counter rose while it ran), runs it once more, first in the queue, with
+   room for twice what it reached, rather than failing the build;
+4. reports the unit's peak, the process it came in, what it held after that
+   process ended and its seconds, which the build records next to the unit
+   times (``timings/<package>.memory.json`` in the cache).
+
+The token and the room go back when the connection closes, however the gate
+ends: the compiler inherits the connection and dies with a killed gate.
+
+Standard library only, and no import of the rest of tasks/: it runs under
+``python -IS``, once per compile.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+#: A compile's memory is sampled this often at first (seconds), then less often up to MAX_INTERVAL.
+FIRST_INTERVAL = 0.05
+MAX_INTERVAL = 1.0
+#: A change smaller than this (MB) is not reported to the broker.
+REPORT_STEP_MB = 64
+
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+
+
+def unit_name(args: list[str]) -> str:
+    """The unit a compiler command line builds: its ``-o`` output's file name (as ninja's log names it).
+
+    A preprocessor-only run (``-E``, ``-M``, ``-MM``; ccache's ``CCACHE_PREFIX_CPP``) is named by its
+    source with ``.E`` after it, so that its small memory is recorded apart from the compile's.
+    """
+    output = ""
+    source = ""
+    it = iter(args[1:])
+    for arg in it:
+        if arg in ("-o", "--output-file"):
+            output = next(it, "")
+        elif arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-o="):
+            output = arg[2:]
+        elif arg.startswith(("--output-file=", "-o=")):
+            output = arg.split("=", 1)[1]
+        elif not arg.startswith("-") and os.path.splitext(arg)[1] in (".cu", ".cpp", ".cc", ".cxx", ".c", ".C"):
+            source = arg
+    if any(a in ("-E", "-M", "-MM") for a in args[1:]):
+        return os.path.basename(source or output) + ".E"
+    return os.path.basename(output or source)
+
+
+def oom_kills() -> int:
+    """The kernel's count of processes its OOM killer stopped (``/proc/vmstat``; cgroup OOMs count too)."""
+    try:
+        with open("/proc/vmstat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``/proc/PID/task/TID/children``)."""
+    found = [pid]
+    i = 0
+    while i < len(found):
+        task_dir = f"/proc/{found[i]}/task"
+        try:
+            tids = os.listdir(task_dir)
+        except OSError:
+            tids = []
+        for tid in tids:
+            try:
+                with open(f"{task_dir}/{tid}/children", "rb") as fh:
+                    found.extend(int(c) for c in fh.read().split())
+            except (OSError, ValueError):
+                continue
+        i += 1
+    return found
+
+
+def sample(pid: int) -> tuple[float, dict[str, float]]:
+    """The resident memory (MB) of ``pid``'s process tree, and of its largest process of each name."""
+    total = 0.0
+    by_name: dict[str, float] = {}
+    for p in tree(pid):
+        try:
+            with open(f"/proc/{p}/statm", "rb") as fh:
+                rss = int(fh.read().split()[1]) * _PAGE_MB
+            with open(f"/proc/{p}/comm", "rb") as fh:
+                name = fh.read().decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        total += rss
+        by_name[name] = max(by_name.get(name, 0.0), rss)
+    return total, by_name
+
+
+class Unit:
+    """What one run of the compiler held: its peak, the process the peak came in, and what it held after."""
+
+    def __init__(self) -> None:
+        self.peak_mb = 0.0
+        self.peak_in = ""
+        self.after_mb = 0.0
+
+    def add(self, total: float, by_name: dict[str, float]) -> None:
+        """Take one sample of the process tree: its total and its largest process of each name (MB)."""
+        if total > self.peak_mb:
+            self.peak_mb = total
+            self.peak_in = max(by_name, key=by_name.__getitem__) if by_name else ""
+            self.after_mb = 0.0
+        elif self.peak_in not in by_name:
+            self.after_mb = max(self.after_mb, total)
+
+
+def _connect(sock_path: str, hello: str) -> tuple[socket.socket, str]:
+    """Wait for the broker to admit this compile; the connection and the broker's answer (its expectation)."""
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect(sock_path)
+    conn.sendall(hello.encode() + b"\n")
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = conn.recv(256)
+        if not chunk:
+            sys.exit("reprostack gate: the run's job broker is gone")
+        answer += chunk
+    if not answer.startswith(b"+"):
+        sys.exit("reprostack gate: the run's job broker refused the compile: " + answer.decode(errors="replace"))
+    os.set_inheritable(conn.fileno(), True)
+    return conn, answer[1:].decode(errors="replace").strip()
+
+
+def _tell(conn: socket.socket, line: str) -> None:
+    try:
+        conn.sendall(line.encode() + b"\n")
+    except OSError:
+        pass
+
+
+def run_once(conn: socket.socket, args: list[str], expect_peak_in: str) -> tuple[int, Unit, bool, float]:
+    """Run the compiler once under the gate's watch: (exit status as a shell gives it, its memory,
+    whether it was killed for memory, seconds)."""
+    before = oom_kills()
+    start = time.monotonic()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the compiler; it inherits the connection, so the token stays held while it lives
+        try:
+            import ctypes  # the gate killed takes its compiler with it (PR_SET_PDEATHSIG, SIGKILL)
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+            if os.getppid() != parent:  # the gate is gone already
+                os._exit(137)
+        except (ImportError, OSError, AttributeError):
+            pass
+        try:
+            os.execvp(args[0], args)
+        except OSError as exc:
+            os.write(2, f"reprostack gate: cannot run {args[0]}: {exc}\n".encode())
+        os._exit(127)
+    unit = Unit()
+    reported = 0.0
+    seen = past = told_past = False
+    interval = FIRST_INTERVAL
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python without it, or an old kernel: sleep instead
+        pidfd = -1
+    while True:
+        if pidfd >= 0:
+            select.select([pidfd], [], [], interval)
+        else:
+            time.sleep(interval)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        total, by_name = sample(pid)
+        unit.add(total, by_name)
+        if expect_peak_in and not past:  # the process the broker expects the unit's peak in has run and ended
+            seen = seen or expect_peak_in in by_name
+            past = seen and expect_peak_in not in by_name
+        if abs(total - reported) >= REPORT_STEP_MB or past != told_past:
+            _tell(conn, f"m {total:.0f} {1 if past else 0}")
+            reported, told_past = total, past
+        interval = min(MAX_INTERVAL, interval * 2)
+    if pidfd >= 0:
+        os.close(pidfd)
+    seconds = time.monotonic() - start
+    code = os.waitstatus_to_exitcode(status)
+    killed = code == -signal.SIGKILL or (code != 0 and oom_kills() > before)
+    return (128 - code if code < 0 else code), unit, killed, seconds
+
+
+def main(sock_path: str, args: list[str]) -> int:
+    if not args:
+        print("usage: gate COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    if os.environ.get("REPRO_GATE_HELD"):  # a compiler started by one holding a token runs on it
+        os.execvp(args[0], args)
+    prio = os.environ.get("REPRO_GATE_PRIORITY", "0") or "0"
+    package = os.environ.get("REPRO_GATE_PACKAGE", "") or "-"
+    unit = unit_name(args) or "-"
+    conn, expect = _connect(sock_path, f"{prio} {package} {unit}")
+    os.environ["REPRO_GATE_HELD"] = "1"
+    code, mem, killed, seconds = run_once(conn, args, expect)
+    if killed:
+        need = max(2 * mem.peak_mb, 1024.0)
+        print(
+            f"reprostack gate: {unit} ({package}) was killed for memory at {mem.peak_mb / 1024:.1f} GB; "
+            f"running it once more with room for {need / 1024:.1f} GB",
+            file=sys.stderr,
+            flush=True,
+        )
+        _tell(conn, f"k {mem.peak_mb:.0f}")
+        conn.close()
+        conn, expect = _connect(sock_path, f"{prio} {package} {unit} {need:.0f}")
+        first = mem
+        code, mem, killed, more = run_once(conn, args, expect)
+        mem.peak_mb = max(mem.peak_mb, first.peak_mb)
+        seconds += more
+    _tell(conn, f"d {mem.peak_mb:.0f} {mem.peak_in or '-'} {mem.after_mb:.0f} {seconds:.1f} {code}")
+    return code
