@@ -179,8 +179,13 @@ def compile_wheel(
 
 def _record_units(ctx: Context, pkg: Package, units: dict[str, dict[str, object]], log: Path) -> None:
     """Record what ``pkg``'s units held in the cache (the next run admits them by it) and say so in its log."""
-    units = {u: found for u, found in units.items() if u != "-"}  # a tool asked its version: no unit
     jobserver.record_memory(ctx.cache.root, pkg.name, units)
+    # The units' times too: an interrupted or failed build leaves no ninja log to take them from.
+    ninjaorder.record_times(
+        ctx.cache.root,
+        pkg.name,
+        {u: float(str(found["seconds"])) for u, found in units.items() if "seconds" in found and "exit" not in found},
+    )
     killed = sorted(u for u, found in units.items() if found.get("killed"))
     peaks = {u: float(str(found.get("peak_mb", 0))) for u, found in units.items()}
     with log.open("a") as fh:

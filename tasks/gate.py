@@ -64,6 +64,8 @@ def unit_name(args: list[str]) -> str:
             output = arg.split("=", 1)[1]
         elif not arg.startswith("-") and os.path.splitext(arg)[1] in (".cu", ".cpp", ".cc", ".cxx", ".c", ".C"):
             source = arg
+    if not output and not source:  # a question to the compiler (--version, -dumpmachine): no unit
+        return ""
     if any(a in ("-E", "-M", "-MM") for a in args[1:]):
         return os.path.basename(source or output) + ".E"
     return os.path.basename(output or source)
@@ -220,9 +222,11 @@ def main(sock_path: str, args: list[str]) -> int:
         return 2
     if os.environ.get("REPRO_GATE_HELD"):  # a compiler started by one holding a token runs on it
         os.execvp(args[0], args)
+    unit = unit_name(args)
+    if not unit:  # not a compile: a version query takes no token and no room
+        os.execvp(args[0], args)
     prio = os.environ.get("REPRO_GATE_PRIORITY", "0") or "0"
     package = os.environ.get("REPRO_GATE_PACKAGE", "") or "-"
-    unit = unit_name(args) or "-"
     conn, expect = _connect(sock_path, f"{prio} {package} {unit}")
     os.environ["REPRO_GATE_HELD"] = "1"
     code, mem, killed, seconds = run_once(conn, args, expect)

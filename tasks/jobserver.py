@@ -303,7 +303,9 @@ class Broker:
         try:
             if words[0] == "m":
                 unit.live_mb = float(words[1])
-                unit.past = words[2] == "1"
+                if words[2] == "1" and not unit.past:
+                    unit.past = True
+                    self._note("past", unit)  # the process its peak comes in has ended: its rest counts
                 with self._lock:
                     self.peak_reserved_mb = max(self.peak_reserved_mb, self._reserved())
             elif words[0] == "k":
