@@ -18,10 +18,10 @@ from tasks.jobserver import JobServer, killed_for_memory, load_memory, memory_re
 
 JOB = textwrap.dedent(
     """
-    import sys, time
+    import sys, time  # cc -o OUT [SECONDS]
     start = time.time()
-    time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0.4)
-    with open(sys.argv[1], "w") as fh:
+    time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0.4)
+    with open(sys.argv[2], "w") as fh:
         fh.write(f"{start} {time.time()}")
     """
 )
@@ -49,7 +49,7 @@ def _ninja_dir() -> str:
 def _project(root: Path, edges: int, seconds: dict[int, float] | None = None) -> Path:
     """A ninja project of ``edges`` compile steps (``cc``, found on PATH), 0.4 s each unless ``seconds`` says."""
     root.mkdir(parents=True)
-    lines = ["rule job\n  command = cc $out $dur\n"]
+    lines = ["rule job\n  command = cc -o $out $dur\n"]
     lines += [f"build t{i}.txt: job\n  dur = {(seconds or {}).get(i, 0.4)}\n" for i in range(edges)]
     (root / "build.ninja").write_text("".join(lines))
     return root
@@ -169,9 +169,11 @@ def test_a_freed_token_goes_to_the_highest_priority_waiting_compiler(tmp_path: P
             for prio in (1, 5, 3):
                 out = tmp_path / f"p{prio}.txt"
                 gate_env = {**env, "REPRO_GATE_PRIORITY": str(prio), "REPRO_GATE_PACKAGE": f"pkg{prio}"}
-                procs[prio] = subprocess.Popen(["cc", str(out), "0.1"], env=gate_env)
+                procs[prio] = subprocess.Popen(["cc", "-o", str(out), "0.1"], env=gate_env)
                 time.sleep(0.3)  # connected and waiting, in this order
-            quitter = subprocess.Popen(["cc", str(tmp_path / "p9.txt"), "0.1"], env={**env, "REPRO_GATE_PRIORITY": "9"})
+            quitter = subprocess.Popen(
+                ["cc", "-o", str(tmp_path / "p9.txt"), "0.1"], env={**env, "REPRO_GATE_PRIORITY": "9"}
+            )
             time.sleep(0.3)
             quitter.kill()
             quitter.wait()
@@ -196,7 +198,7 @@ def test_a_killed_compiler_gives_its_token_back(tmp_path: Path) -> None:
     server = JobServer(1, tmp_path / "js", search_path=path)
     try:
         env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
-        proc = subprocess.Popen(["cc", str(tmp_path / "long.txt"), "30"], env=env)
+        proc = subprocess.Popen(["cc", "-o", str(tmp_path / "long.txt"), "30"], env=env)
         time.sleep(0.5)
         assert _free_tokens(server) == 0  # held by the running compiler
         proc.send_signal(signal.SIGKILL)
