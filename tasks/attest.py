@@ -21,7 +21,7 @@ from tasks.lockfile import Package
 #: Stands for the build's output directory in the recorded command.
 OUT_PLACEHOLDER = "<wheel output directory>"
 #: The SBOM, beside manifest.json.
-SBOM_FILE = "sbom.cdx.json"
+SBOM_FILE = provenance.SBOM_FILE
 
 
 def tool_version() -> str:

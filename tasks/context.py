@@ -13,21 +13,24 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks import builder as builder_mod
-from tasks import hermetic, objcache, reproducible, toolchain
+from tasks import reproducible, toolchain
 from tasks.cache import Cache
 from tasks.errors import FetchError, PatchError, ReproError, ToolchainError
-from tasks.jobserver import MIN_NINJA, JobServer, available_memory_mb, find_ninja, plan_budget
 from tasks.keys import RECIPE_FORMAT, action_key, key_document
 from tasks.lockfile import Lock, Package, Runtime, arch_env, expand_env, load_lock
-from tasks.objcache import ObjectCache
-from tasks.remote import Remote
 from tasks.settings import WORKSPACE_FILE, Settings, load_settings
 from tasks.stage import Patch
-from tasks.timeline import Outcome
 from tasks.treehash import file_sha256
+
+if TYPE_CHECKING:  # imported where used: a no-op run needs none of them (docs/building.md, "No-op")
+    from tasks.builder import Builder
+    from tasks.hermetic import Hermetic
+    from tasks.jobserver import JobServer
+    from tasks.objcache import ObjectCache
+    from tasks.remote import Remote
+    from tasks.timeline import Outcome
 
 
 @dataclass
@@ -72,12 +75,16 @@ class Context:
         raise KeyError(name)
 
     @cached_property
-    def builder(self) -> builder_mod.Builder | None:
+    def builder(self) -> Builder | None:
         """The builder image wheels build in (builder=, the lock's [builder]), or None: this host."""
-        return builder_mod.resolve(self.settings, self.lock.builder, lock=self.lock.path)
+        if self.lock.builder is None and self.settings.builder in ("", "host"):
+            return None
+        from tasks import builder
+
+        return builder.resolve(self.settings, self.lock.builder, lock=self.lock.path)
 
     @cached_property
-    def hermetic(self) -> hermetic.Hermetic | None:
+    def hermetic(self) -> Hermetic | None:
         """The lock's hermetic toolchain ([toolchain.hermetic]), installed on first use; None when off."""
         pins = self.lock.toolchain.hermetic
         if not pins and not self.lock.toolchain.hermetic_wheels:
@@ -87,6 +94,8 @@ class Context:
                 f"{self.lock.path}: [toolchain.hermetic] and a builder image are two different toolchains; "
                 "build on the host (builder=host) or remove [toolchain.hermetic]"
             )
+        from tasks import hermetic
+
         return hermetic.ensure(
             pins,
             cache=self.cache,
@@ -108,6 +117,8 @@ class Context:
     @cached_property
     def remote(self) -> Remote | None:
         """The remote wheel cache (remote=), or None; no network until a build asks it."""
+        from tasks.remote import Remote
+
         s = self.settings
         return Remote(s.remote, write=s.remote_write, timeout=s.remote_timeout) if s.remote else None
 
@@ -132,7 +143,9 @@ class Context:
         if self.builder is None or self.hermetic is not None:  # (self.hermetic refuses a builder)
             info = toolchain.detect(self.cache, self.host_env())
         else:
-            info = builder_mod.detect(self.cache, self.builder)
+            from tasks import builder
+
+            info = builder.detect(self.cache, self.builder)
         toolchain.check_expectations(self.lock.toolchain, info, lock=self.lock.path, torch=False, cuda=False)
         return info
 
@@ -234,6 +247,8 @@ class Context:
         tc = self.lock.toolchain
         if not tc.hermetic and not tc.hermetic_wheels:
             return None
+        from tasks import hermetic
+
         wheels = [(self.lock.sources[n].filename, self.lock.sources[n].sha256) for n in tc.hermetic_wheels]
         return hermetic.key_section(tc.hermetic, wheels)
 
@@ -254,6 +269,8 @@ class Context:
 
     def jobserver(self) -> JobServer:
         """The run's one job budget, sized on first use for the packages this run must build."""
+        from tasks.jobserver import MIN_NINJA, JobServer, find_ninja, plan_budget
+
         with self._lock:
             if self._jobserver is None:
                 named = requested_builds(sys.argv[1:], {p.name for p in self.packages})
@@ -286,6 +303,9 @@ class Context:
 
     def objcache(self) -> ObjectCache | None:
         """The compile-object cache, set up on first use; None when off or when ccache is missing."""
+        from tasks import objcache
+        from tasks.objcache import ObjectCache
+
         with self._lock:
             if self._objcache is False:
                 found: ObjectCache | None = None
@@ -354,6 +374,8 @@ def interpreter_path(path: str) -> str:
 
 
 def available_memory_gb() -> float | None:
+    from tasks.jobserver import available_memory_mb
+
     mb = available_memory_mb()
     return mb / 1024 if mb is not None else None
 

@@ -592,11 +592,34 @@ def task_repro() -> TaskDict:
     return {"actions": [_do_repro], "task_dep": ["wheels"], "uptodate": [False], **CONSOLE}
 
 
+class Deferred:
+    """An up-to-date check whose module is imported only when doit asks it (`doit wheels` never does):
+    ``Deferred("tasks.image", "ImageCurrent")`` is ``tasks.image.ImageCurrent(context())``."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def check(self) -> Callable[[Any, Any], bool]:
+        import importlib
+
+        made: Callable[[Any, Any], bool] = getattr(importlib.import_module(self.module), self.name)(context())
+        return made
+
+    def __call__(self, task: Any, values: Any) -> bool:
+        return self.check()(task, values)
+
+    def __repr__(self) -> str:
+        return repr(self.check())
+
+
 def task_image() -> TaskDict:
     """Build the runtime image: the lock's pinned base plus the wheelhouse, installed offline."""
-    from tasks.image import ImageCurrent
-
-    return {"actions": [_do_image], "task_dep": ["wheels"], "uptodate": [ImageCurrent(context())], **CONSOLE}
+    return {
+        "actions": [_do_image],
+        "task_dep": ["wheels"],
+        "uptodate": [Deferred("tasks.image", "ImageCurrent")],
+        **CONSOLE,
+    }
 
 
 def task_verify_image() -> TaskDict:
@@ -606,9 +629,12 @@ def task_verify_image() -> TaskDict:
 
 def task_export() -> TaskDict:
     """Write the runtime image as a docker-archive and an OCI layout, with their sha256s (export=DIR)."""
-    from tasks.export import ExportCurrent
-
-    return {"actions": [_do_export], "task_dep": ["image"], "uptodate": [ExportCurrent(context())], **CONSOLE}
+    return {
+        "actions": [_do_export],
+        "task_dep": ["image"],
+        "uptodate": [Deferred("tasks.export", "ExportCurrent")],
+        **CONSOLE,
+    }
 
 
 def task_bundle() -> TaskDict:

@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.treehash import file_sha256
 
+#: The wheelhouse's CycloneDX SBOM (tasks/attest.py writes it).
+SBOM_FILE = "sbom.cdx.json"
+
 if TYPE_CHECKING:  # checking statements (doit verify, also inside an image) needs neither
     from tasks.lockfile import Package, Source
 

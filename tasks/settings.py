@@ -48,8 +48,6 @@ from pathlib import Path
 
 from tasks.errors import ReproError
 from tasks.imageref import is_image_id
-from tasks.objcache import valid_size
-from tasks.remote import check_url
 
 VARIABLES = {
     "lock": ("REPRO_LOCK", "sources.lock"),
@@ -185,6 +183,8 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         )
     objcache = _switch("objcache", doit_vars)
     objcache_size = _get("objcache_size", doit_vars)
+    from tasks.objcache import valid_size  # here: objcache imports what a no-op run does not need
+
     if not valid_size(objcache_size):
         raise ReproError(f"objcache_size={objcache_size!r}: give a size such as 20G or 500M")
     gpu = _get("gpu", doit_vars)
@@ -242,7 +242,11 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
 
 def _remote(doit_vars: dict[str, str]) -> tuple[str, bool, float]:
     raw_remote = _get("remote", doit_vars).strip()
-    problem = check_url(raw_remote) if raw_remote else None
+    problem = None
+    if raw_remote:
+        from tasks.remote import check_url  # only with a remote: it imports the HTTP client
+
+        problem = check_url(raw_remote)
     if problem is not None:
         raise ReproError(f"remote={raw_remote!r}: {problem}")
     remote = raw_remote.rstrip("/")

@@ -17,12 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from tasks import attest, closure, index, provenance, timeline
-from tasks.build import build_package
+from tasks import index, provenance
 from tasks.cache import WheelEntry, rmtree, write_atomic
 from tasks.context import Context
 from tasks.errors import BuildError, LockError
@@ -37,6 +35,8 @@ def expected(ctx: Context) -> dict[str, str]:
 
 def runtime_section(ctx: Context) -> dict[str, Any] | None:
     """What manifest.json records of the lock's [runtime] (None without one): target, provided set, closure."""
+    from tasks import closure
+
     runtime = ctx.runtime
     if runtime is None:
         return None
@@ -74,13 +74,18 @@ def is_current(ctx: Context) -> tuple[bool, str]:
         if not p.is_file() or p.stat().st_size != w["size"]:
             return False, f"{w['filename']} missing or changed"
     statements = [f"{provenance.DIRECTORY}/{w['filename']}{provenance.SUFFIX}" for w in doc["wheels"]]
-    for extra in ("requirements.txt", "simple/index.html", attest.SBOM_FILE, *statements):
+    for extra in ("requirements.txt", "simple/index.html", provenance.SBOM_FILE, *statements):
         if not (ctx.settings.wheels / extra).is_file():
             return False, f"{extra} missing"
     return True, "up to date"
 
 
 def assemble(ctx: Context) -> list[index.WheelRecord]:
+    from filelock import FileLock
+
+    from tasks import attest, timeline
+    from tasks.build import build_package
+
     out = ctx.settings.wheels
     out.mkdir(parents=True, exist_ok=True)
     ctx.settings.builddir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +165,7 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         print(f"  + the runtime closure: {closure_count} wheel(s), {closure_mb:.1f} MB", flush=True)
     print(
         f"wheelhouse {out}: {len(records)} wheel(s), manifest.json, requirements.txt, simple/, "
-        f"{attest.SBOM_FILE}, {provenance.DIRECTORY}/",
+        f"{provenance.SBOM_FILE}, {provenance.DIRECTORY}/",
         flush=True,
     )
     return records
@@ -185,6 +190,8 @@ def fetch_closure(ctx: Context, entries: Mapping[str, WheelEntry]) -> dict[str, 
 
     Errors name the package and the requirement; nothing is written to wheels/ before this returns.
     """
+    from tasks import closure
+
     runtime = ctx.runtime
     if runtime is None:
         return {}
