@@ -143,6 +143,7 @@ def compile_wheel(
         env["REPRO_GATE_PRIORITY"] = str(jobserver.priority(times, server.slots))
         env["REPRO_GATE_PACKAGE"] = pkg.name
     if server.broker is not None:
+        server.broker.building(pkg.name, float(env.get("REPRO_GATE_PRIORITY", "0")))
         server.broker.expect(
             pkg.name,
             records=jobserver.load_memory(jobserver.memory_record(ctx.cache.root, pkg.name)),
@@ -167,6 +168,7 @@ def compile_wheel(
             )
     finally:
         if server.broker is not None:  # what each unit held, failed builds' too (a unit killed for memory)
+            server.broker.finished(pkg.name)
             _record_units(ctx, pkg, server.broker.results(pkg.name), log)
     starved = server.broker.starved(pkg.name) if server.broker is not None else []
     return Compiled(

@@ -549,3 +549,40 @@ def test_a_unit_killed_for_memory_is_run_once_more(tmp_path: Path) -> None:
         assert _free_tokens(server) == 2
     finally:
         server.close()
+
+
+def test_one_token_is_kept_for_the_package_that_sets_the_wall_time(tmp_path: Path) -> None:
+    """Four slots; a low-priority package's ninja has eight 3 s units ready when the highest-priority
+    package's first compile (a CMake check, say) arrives. The low package runs on three slots, and the
+    check starts at once on the fourth instead of waiting 3 s for one of them to end. Once the top
+    package has finished, the low one gets all four."""
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(4, tmp_path / "js", search_path=path)
+    try:
+        assert server.broker is not None
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        server.broker.building("top", 500.0)
+        server.broker.building("low", 10.0)
+        low = _project(tmp_path / "low", 8, seconds={i: 3.0 for i in range(8)})
+        low_env = {**env, "REPRO_GATE_PRIORITY": "10", "REPRO_GATE_PACKAGE": "low"}
+        build = subprocess.Popen(["ninja", "-j", "8"], cwd=low, env=low_env, stdout=subprocess.DEVNULL)
+        time.sleep(0.8)
+        asked = time.time()
+        check = subprocess.run(
+            ["cc", "-o", str(tmp_path / "check.txt"), "0.1"],
+            env={**env, "REPRO_GATE_PRIORITY": "500", "REPRO_GATE_PACKAGE": "top"},
+            check=False,
+        )
+        assert check.returncode == 0
+        started = float((tmp_path / "check.txt").read_text().split()[0])
+        assert started - asked < 1.5, f"the top package's compile waited {started - asked:.1f} s for a token"
+        time.sleep(0.5)
+        done = time.time()
+        server.broker.finished("top")
+        assert build.wait(timeout=60) == 0
+        spans = [tuple(map(float, f.read_text().split())) for f in low.glob("t*.txt")]
+        early = [s for s in spans if s[0] < done]
+        assert len(early) == 3, f"{len(early)} low units took tokens while the top package built"
+        assert _overlap(spans) == 4  # all four once the top package had finished  # type: ignore[arg-type]
+    finally:
+        server.close()
