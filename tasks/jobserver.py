@@ -388,15 +388,17 @@ class Broker:
         """The waiter to admit next, if any: the first in line if it fits, else the first behind it that
         leaves the first one's room free.
 
-        While the package of the highest priority builds, the last free token is kept for it (on four
-        slots or more): its serial phases (CMake's compiler checks, the compiles of one target after
-        another, its link) then never wait for a long unit of another package to end. TransformerEngine's
-        configure checks waited 27 s for a token that way on the 16-core host.
+        While the package of the highest priority builds and runs no compile, the last free token is
+        kept for it (on four slots or more): its serial phases (CMake's compiler checks, one compile after
+        another, the compile after a link) then never wait for a long unit of another package to end.
+        TransformerEngine's configure checks waited 27 s for a token that way on the 16-core host. While
+        it runs a compile, the other packages may take every other token.
         """
         with self._lock:
             top = max(self._building.values(), default=0.0)
             first = {p for p, prio in self._building.items() if prio == top} if top > 0 else set()
-        keep = 1 if first and self.slots >= 4 else 0
+        busy = any(self._counts.get(p, [0, 0])[1] for p in first)
+        keep = 1 if first and not busy and self.slots >= 4 else 0
         order = [
             w
             for w in sorted(self._waiting)

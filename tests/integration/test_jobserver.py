@@ -554,8 +554,9 @@ def test_a_unit_killed_for_memory_is_run_once_more(tmp_path: Path) -> None:
 def test_one_token_is_kept_for_the_package_that_sets_the_wall_time(tmp_path: Path) -> None:
     """Four slots; a low-priority package's ninja has eight 3 s units ready when the highest-priority
     package's first compile (a CMake check, say) arrives. The low package runs on three slots, and the
-    check starts at once on the fourth instead of waiting 3 s for one of them to end. Once the top
-    package has finished, the low one gets all four."""
+    check starts at once on the fourth instead of waiting 3 s for one of them to end. While the top
+    package runs a compile of its own, the low one may take the three others; once the top package has
+    finished, all four."""
     path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
     server = JobServer(4, tmp_path / "js", search_path=path)
     try:
@@ -584,5 +585,18 @@ def test_one_token_is_kept_for_the_package_that_sets_the_wall_time(tmp_path: Pat
         early = [s for s in spans if s[0] < done]
         assert len(early) == 3, f"{len(early)} low units took tokens while the top package built"
         assert _overlap(spans) == 4  # all four once the top package had finished  # type: ignore[arg-type]
+
+        # The top package builds again, and this time runs a long compile of its own.
+        server.broker.building("top", 500.0)
+        top_env = {**env, "REPRO_GATE_PRIORITY": "500", "REPRO_GATE_PACKAGE": "top"}
+        long = subprocess.Popen(["cc", "-o", str(tmp_path / "long.txt"), "4"], env=top_env)
+        time.sleep(0.5)
+        again = _project(tmp_path / "again", 6, seconds={i: 1.0 for i in range(6)})
+        res = subprocess.run(["ninja", "-j", "8"], cwd=again, env=low_env, capture_output=True, text=True, check=False)
+        assert res.returncode == 0, res.stdout
+        assert long.wait(timeout=30) == 0
+        server.broker.finished("top")
+        spans = [tuple(map(float, f.read_text().split())) for f in again.glob("t*.txt")]
+        assert _overlap(spans) == 3, "with the top package compiling, the low one had the other three tokens"  # type: ignore[arg-type]
     finally:
         server.close()
