@@ -142,6 +142,14 @@ def test_full_example_lock_builds_installs_and_is_reused(workspace: Workspace, t
     assert rows == {"repro_pure", "repro_pybind", "repro_cuda", "repro_torchext"}
     assert any(e["cat"] == "compile" and e["name"].endswith(".o") for e in trace["traceEvents"] if e["ph"] == "X")
     assert "repro_torchext  built" in res.stdout
+    # Each compile's memory, recorded for the next build's admission (docs/building.md, "Memory per unit"):
+    # the torch extension's g++ holds torch's headers, far more than the 0.05 GB the lock states.
+    memory = json.loads((ws.cache / "timings" / "repro_torchext.memory.json").read_text())
+    unit = memory["scaled_add.o"]
+    assert unit["peak_in"] == "cc1plus" and 200 < unit["peak_mb"] < 8000 and unit["seconds"] > 0, memory
+    units_log = (ws.root / "build" / "logs" / "units.log").read_text()
+    assert re.search(r" start repro_torchext scaled_add\.o expect=51MB ", units_log), units_log
+    assert " end repro_torchext scaled_add.o " in units_log
     # doit verify on the wheelhouse: every check passes or, for the GPU ones here, is skipped.
     report = ws.doit("verify").stdout
     assert re.search(r"^\d+ passed, 0 failed, \d+ skipped$", report, flags=re.M), report
