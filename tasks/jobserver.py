@@ -201,6 +201,11 @@ class Broker:
         self._results: dict[str, dict[str, dict[str, object]]] = {}
         self._lock = threading.Lock()
         self._log = log.open("a", buffering=1) if log is not None else None
+        if self._log is not None:  # the log grows by run: each starts with this line
+            budget = f"{budget_mb:.0f}MB" if budget_mb is not None else "tokens only"
+            self._log.write(
+                f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} run {os.getpid()}: {slots} slots, memory {budget}\n"
+            )
         self.peak_running = 0
         self.peak_reserved_mb = 0.0
         self._seq = 0
