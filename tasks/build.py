@@ -140,12 +140,13 @@ def compile_wheel(
             times_file = out / "unit-times.json"
             times_file.write_text(json.dumps(times))
             env["REPRO_UNIT_TIMES"] = str(times_file)
-        env["REPRO_GATE_PRIORITY"] = str(jobserver.priority(times, server.slots))
+        priority = jobserver.priority(times, server.slots)
+        env["REPRO_GATE_PRIORITY"] = str(priority)
         env["REPRO_GATE_PACKAGE"] = pkg.name
-    if server.broker is not None:
-        server.broker.building(pkg.name, float(env.get("REPRO_GATE_PRIORITY", "0")))
-        server.broker.expect(
+    if server.broker is not None:  # (there is one only with server.clients)
+        server.broker.building(
             pkg.name,
+            priority,
             records=jobserver.load_memory(jobserver.memory_record(ctx.cache.root, pkg.name)),
             hints=jobserver.load_memory(ctx.lock.patches_dir / pkg.name / jobserver.MEMORY_HINTS_FILE),
             default_mb=pkg.mem_per_job_gb * 1024,

@@ -77,10 +77,10 @@ def plugins_read_once() -> None:
 
     import doit.plugin
 
-    everything = importlib.metadata.entry_points()
+    everything = functools.cache(importlib.metadata.entry_points)  # read when doit first asks, if it does
 
     def entry_points(group: str) -> importlib.metadata.EntryPoints:
-        return everything.select(group=group)
+        return everything().select(group=group)
 
     doit.plugin.entry_points_impl = lambda: entry_points
 

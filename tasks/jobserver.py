@@ -56,6 +56,7 @@ from pathlib import Path
 
 from tasks import gate as gate_module
 from tasks import ninjaorder
+from tasks.cache import write_atomic
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
 MIN_NINJA = (1, 13)
@@ -214,23 +215,21 @@ class Broker:
         self._thread = threading.Thread(target=self._serve, name="job-broker", daemon=True)
         self._thread.start()
 
-    def expect(
+    def building(
         self,
         package: str,
+        priority: float = 0.0,
         *,
-        records: dict[str, dict[str, object]],
-        hints: dict[str, dict[str, object]],
-        default_mb: float,
+        records: dict[str, dict[str, object]] | None = None,
+        hints: dict[str, dict[str, object]] | None = None,
+        default_mb: float = 0.0,
     ) -> None:
-        """What ``package``'s units are expected to hold: recorded by unit, else hinted, else ``default_mb``."""
-        with self._lock:
-            self._plans[package] = _Plan(records=records, hints=hints, default_mb=default_mb)
-
-    def building(self, package: str, priority: float) -> None:
-        """``package``'s build has started, at ``priority``: while the highest one builds, one token is
-        kept for it (:meth:`_candidate`)."""
+        """``package``'s build has started, at ``priority`` (while the highest one builds, a token may be
+        kept for it: :meth:`_candidate`); its units are expected to hold what ``records`` say by unit,
+        else what ``hints`` say, else ``default_mb``."""
         with self._lock:
             self._building[package] = priority
+            self._plans[package] = _Plan(records=records or {}, hints=hints or {}, default_mb=default_mb)
         self._wake()
 
     def finished(self, package: str) -> None:
@@ -347,7 +346,6 @@ class Broker:
                 if words[5] != "0":
                     found["exit"] = int(words[5])
                 self._record(unit, found)
-                unit.live_mb = float(words[1])
         except (IndexError, ValueError):
             return
 
@@ -377,13 +375,13 @@ class Broker:
     def _reserved(self) -> float:
         return sum(self._units[c].reserved() for c in self._held)
 
-    def _fits(self, unit: _Unit, room: float) -> bool:
+    def _fits(self, unit: _Unit, room: float, available: float | None) -> bool:
+        """Whether ``unit`` fits in ``room`` of the budget and in what the host really has left
+        (``available``, MemAvailable, less what the running units are still expected to grow by)."""
         if self.budget_mb is None or not self._held:
             return True  # no budget, or nothing else running: a unit larger than the budget runs alone
         if unit.expect.peak_mb > room:
             return False
-        # What the host really has left, less what the running units are still expected to grow by.
-        available = available_memory_mb()
         if available is None:
             return True
         growth = sum(max(0.0, self._units[c].reserved() - self._units[c].live_mb) for c in self._held)
@@ -413,10 +411,11 @@ class Broker:
             return None
         head = self._units[order[0][2]]
         room = (self.budget_mb or 0.0) - self._reserved()
-        if self._fits(head, room):
+        available = available_memory_mb() if self.budget_mb is not None and self._held else None
+        if self._fits(head, room, available):
             return order[0]
         room -= head.expect.peak_mb
-        return next((w for w in order[1:] if self._fits(self._units[w[2]], room)), None)
+        return next((w for w in order[1:] if self._fits(self._units[w[2]], room, available)), None)
 
     def _grant(self) -> None:
         """Admit waiters while one fits and a token is free (else wait for the token's fifo, or a release)."""
@@ -539,13 +538,7 @@ MEMORY_HINTS_FILE = "unit-memory.json"
 
 def load_memory(path: Path) -> dict[str, dict[str, object]]:
     """A unit-memory file (records or hints); anything unreadable counts as empty."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): v for k, v in data.items() if isinstance(v, dict)}
+    return {k: v for k, v in ninjaorder.read_object(path).items() if isinstance(v, dict)}
 
 
 def memory_record(cache_root: Path, package: str) -> Path:
@@ -564,10 +557,7 @@ def record_memory(cache_root: Path, package: str, results: dict[str, dict[str, o
         if found.get("killed") and unit in known:
             entry["peak_mb"] = max(_mb(entry.get("peak_mb")), _mb(known[unit].get("peak_mb")))
         known[unit] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(dict(sorted(known.items())), indent=0, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(known, indent=0, sort_keys=True) + "\n")
 
 
 def priority(times: dict[str, float], slots: int) -> float:

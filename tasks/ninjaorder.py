@@ -119,15 +119,18 @@ def reorder_manifest(manifest: Path, times: Mapping[str, float]) -> bool:
     return True
 
 
-def load_times(path: Path) -> dict[str, float]:
-    """A times file: a JSON object of output file name -> seconds; anything else counts as empty."""
+def read_object(path: Path) -> dict[str, object]:
+    """A JSON object from ``path``; a missing, unreadable or other file counts as empty."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def load_times(path: Path) -> dict[str, float]:
+    """A times file: a JSON object of output file name -> seconds; anything else counts as empty."""
+    return {k: float(v) for k, v in read_object(path).items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 HINTS_FILE = "unit-times.json"

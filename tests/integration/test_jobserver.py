@@ -421,7 +421,7 @@ def test_units_are_admitted_by_their_own_memory(tmp_path: Path) -> None:
     server = JobServer(4, tmp_path / "js", search_path=path, mem_budget_gb=600 / 1024, unit_log=tmp_path / "u.log")
     try:
         assert server.broker is not None
-        server.broker.expect("pkg", records={}, hints=hints, default_mb=260)
+        server.broker.building("pkg", records={}, hints=hints, default_mb=260)
         project = _memory_project(tmp_path / "budget", units)
         res = _build_in(project, server, path)
         assert res.returncode == 0, res.stdout + res.stderr
@@ -461,7 +461,7 @@ def test_recorded_memory_replaces_the_estimate_at_the_next_build(tmp_path: Path)
         try:
             assert server.broker is not None
             records = load_memory(memory_record(cache, "pkg"))
-            server.broker.expect("pkg", records=records, hints={}, default_mb=250)
+            server.broker.building("pkg", records=records, hints={}, default_mb=250)
             project = _memory_project(tmp_path / run, units)
             res = _build_in(project, server, path)
             assert res.returncode == 0, res.stdout + res.stderr
@@ -492,7 +492,7 @@ def test_a_unit_past_its_peak_process_counts_only_its_rest(tmp_path: Path) -> No
         server = JobServer(4, tmp_path / f"js-{name}", search_path=path, mem_budget_gb=600 / 1024)
         try:
             assert server.broker is not None
-            server.broker.expect("pkg", records={u: record for u in units}, hints={}, default_mb=270)
+            server.broker.building("pkg", records={u: record for u in units}, hints={}, default_mb=270)
             project = _memory_project(tmp_path / name, units)
             res = _build_in(project, server, path)
             assert res.returncode == 0, res.stdout + res.stderr
@@ -529,7 +529,7 @@ def test_a_unit_killed_for_memory_is_run_once_more(tmp_path: Path) -> None:
     server = JobServer(2, tmp_path / "js", search_path=path, mem_budget_gb=1.0, unit_log=tmp_path / "u.log")
     try:
         assert server.broker is not None
-        server.broker.expect("pkg", records={}, hints={}, default_mb=100)
+        server.broker.building("pkg", records={}, hints={}, default_mb=100)
         project = _memory_project(tmp_path / "p", {"a.o": (1, 0), "b.o": (1, 0)})
         res = _build_in(project, server, path)
         assert res.returncode == 0, res.stdout + res.stderr
