@@ -30,7 +30,7 @@ from tasks.errors import ToolchainError
 from tasks.lockfile import Toolchain
 
 #: 3: nvcc by its resolved path; ninja no longer in the key (it cannot change a wheel's bytes).
-FINGERPRINT_VERSION = 4  # 4: the probe records whether Python's C headers are there
+FINGERPRINT_VERSION = 5  # 4: whether Python's C headers are there; 5: the first copy of a distribution on sys.path
 TOOLS = ("nvcc", "cc", "c++", "gcc", "g++", "cmake", "ninja", "cuobjdump")
 COMPILER_ENV = {"cc": "CC", "c++": "CXX"}
 STEERING_ENV = (
@@ -59,10 +59,10 @@ if importlib.util.find_spec("torch") is not None:
                     "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
                     "git": getattr(torch.version, "git_version", "")}
 dists = {}
-for d in md.distributions():
+for d in md.distributions():  # in sys.path order: the first copy of a name is the one imported
     name = d.metadata["Name"]
     if name:
-        dists[name.lower().replace("_", "-")] = d.version
+        dists.setdefault(name.lower().replace("_", "-"), d.version)
 out["dists"] = dists
 try:
     import nvidia.cudnn, os

@@ -1,0 +1,53 @@
+"""The toolchain probe and the part of it that enters the action key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tasks.toolchain import description, fingerprint, probe
+
+
+def _dist(site: Path, name: str, version: str) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_probe_reports_the_copy_the_interpreter_imports(tmp_path: Path) -> None:
+    # A venv made with --system-site-packages sees its own copy first and the system's behind it
+    # (setuptools 80.9 in the venv, 65.5 in the system): the build imports the first, so the
+    # build-requirement check must see that one, not the last one listed.
+    first, behind = tmp_path / "venv-site", tmp_path / "system-site"
+    _dist(first, "reprostack_probe_fixture", "2.0")
+    _dist(behind, "reprostack_probe_fixture", "1.0")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(first), str(behind)])}
+    assert probe(env)["dists"]["reprostack-probe-fixture"] == "2.0"
+
+
+def _info(ninja: str, nvcc_path: str = "/opt/cuda-13.0/bin/nvcc") -> dict[str, object]:
+    return {
+        "python": {"python": "3.12.3", "soabi": "cpython-312-x86_64-linux-gnu", "platform": "linux-x86_64"},
+        "tools": {
+            "cc": "cc 12",
+            "cxx": "c++ 12",
+            "cmake": "cmake 3.28",
+            "ninja": ninja,
+            "nvcc": "Cuda compilation tools, release 13.0, V13.0.88",
+            "nvcc_path": nvcc_path,
+        },
+        "cudnn": {"version": "9.10.2", "path": "/usr"},
+    }
+
+
+def test_ninja_is_recorded_but_not_keyed() -> None:
+    # Activating the venv put ninja 1.13 in front of the system's 1.11 and rebuilt every package.
+    old, new = _info("1.11.1"), _info("1.13.0")
+    assert fingerprint(old, cuda=True) == fingerprint(new, cuda=True)
+    assert description(old)["ninja"] == "1.11.1" and description(new)["ninja"] == "1.13.0"
+
+
+def test_the_nvcc_used_is_keyed_by_its_resolved_path() -> None:
+    a, b = _info("1.13.0"), _info("1.13.0", nvcc_path="/opt/cuda-13.0-other/bin/nvcc")
+    assert fingerprint(a, cuda=True) != fingerprint(b, cuda=True)
+    assert fingerprint(a) == fingerprint(b)  # a package without CUDA is keyed without nvcc
