@@ -4,9 +4,9 @@ Run ``doit list`` for the tasks; the README documents every variable.
 """
 
 from tasks import console
+from tasks.cli import fast_start
 from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
     claim_workspace,
-    plugins_read_once,
     task_build,
     task_bundle,
     task_export,
@@ -22,7 +22,7 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
     task_wheels,
 )
 
-plugins_read_once()  # doit reads its plugins from the installed packages' metadata once, not per kind
+fast_start()  # under `python -m doit`: what tasks/cli.py does before doit starts (the venv's `doit` did it already)
 console.install()  # whole lines on the console while tasks run in threads
 claim_workspace()  # one run at a time per workspace, before doit opens its database (tasks/workspace.py)
 

@@ -21,7 +21,11 @@ if [ ! -x .venv/bin/python ]; then
     say "cannot create the venv: install your distribution's venv module (apt-get install python3-venv)"; exit 1; }
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check)
-"${PIP[@]}" install -q -e '.[example,test]'
+# compat: a plain .pth entry for this checkout (the default import hook costs every run's start-up time).
+"${PIP[@]}" install -q -e '.[example,test]' --config-settings editable_mode=compat
+# Our modules' bytecode, written once here: a shell with PYTHONDONTWRITEBYTECODE set (as some
+# hosts and CI runners do) would otherwise compile them on every run, a third of a no-op's time.
+.venv/bin/python -m compileall -q tasks dodo.py >/dev/null
 
 is_ci() { case "$(printf %s "${CI:-}" | tr '[:upper:]' '[:lower:]')" in 1|true|yes|on) return 0 ;; esac; return 1; }
 TORCH="torch==2.13.0"

@@ -66,25 +66,6 @@ def context() -> Context:
         raise SystemExit(exc.exit_code) from None
 
 
-def plugins_read_once() -> None:
-    """Make doit read its plugins from the installed distributions' metadata once per run, not once per kind.
-
-    doit (0.37) asks ``importlib.metadata.entry_points`` for each of its plugin kinds, and each call
-    reads every installed distribution's metadata: on the GPU host, whose environment sees the torch
-    venv's 210 distributions, 30 ms a call. Called from dodo.py, it saves the two calls after the first.
-    """
-    import importlib.metadata
-
-    import doit.plugin
-
-    everything = functools.cache(importlib.metadata.entry_points)  # read when doit first asks, if it does
-
-    def entry_points(group: str) -> importlib.metadata.EntryPoints:
-        return everything().select(group=group)
-
-    doit.plugin.entry_points_impl = lambda: entry_points
-
-
 def claim_workspace() -> None:
     """Take this workspace for the run before doit opens its state database (tasks/workspace.py)."""
     from tasks import workspace
