@@ -14,7 +14,9 @@
 #
 # The venv sees the base's own packages (torch, CUDA libraries) through
 # --system-site-packages; only what the wheelhouse holds is installed, and
-# only from it. Same bytes every time: SOURCE_DATE_EPOCH comes from doit image,
+# only from it, but all of it: a wheel of the version the base already has (a
+# patched SGLang) is installed into the venv too, where it shadows the base's
+# copy. Same bytes every time: SOURCE_DATE_EPOCH comes from doit image,
 # PYTHONHASHSEED is fixed, pip installs without compiling, and compileall then
 # writes every .pyc with --invalidation-mode checked-hash (the source's hash
 # in the header, not its mtime).
@@ -33,21 +35,25 @@ command -v "$python" >/dev/null 2>&1 || {
 "$python" -c 'import sys; print("python", sys.version.split()[0], sys.executable)'
 
 echo "reprostack: step create the venv $prefix"
-if "$python" -m venv --system-site-packages "$prefix" 2>/tmp/venv.err; then
+err=$(mktemp)
+if "$python" -m venv --system-site-packages "$prefix" 2>"$err"; then
     pip="$prefix/bin/python -m pip"
 else
     # A base without ensurepip (Debian/Ubuntu without python3-venv): a venv
     # without pip, filled by the base's own pip (needs pip >= 22.3).
-    cat /tmp/venv.err >&2
+    cat "$err" >&2
     rm -rf "$prefix"
     "$python" -m venv --system-site-packages --without-pip "$prefix"
     pip="$python -m pip --python $prefix/bin/python"
 fi
+rm -f "$err"
 
 echo "reprostack: step pip install --no-index --require-hashes -r requirements.txt"
 # --no-deps: dependencies come from the base (torch) and are checked by `doit verify_image`.
+# --ignore-installed: without it pip takes a wheel whose version the base already has as
+# "already satisfied" and installs nothing, so the base's unpatched copy would stay in use.
 PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
-    $pip install --no-index --no-deps --no-cache-dir --require-hashes --no-compile \
+    $pip install --no-index --no-deps --ignore-installed --no-cache-dir --require-hashes --no-compile \
     --find-links "$wheels" -r "$wheels/requirements.txt"
 
 site=$(ls -d "$prefix"/lib/python*/site-packages)

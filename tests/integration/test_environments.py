@@ -14,11 +14,13 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import Workspace, make_workspace
+from conftest import REPO, Workspace, make_workspace
 from make_fixtures import RUNTIME_WHEELS, simple_index, write_wheel
 from serve import FixtureServer
 
@@ -163,6 +165,60 @@ def test_patched_base_package_is_the_base_version_and_brings_no_requirements(wor
     res = ws.doit("wheels", "profile=pure", check=False)
     assert res.returncode == 11, res.stdout + res.stderr
     assert "package repro_pure builds repro-pure 0.1.0, but the target provides 0.2.0" in res.stderr, res.stderr
+
+
+def python_installation(root: Path) -> tuple[Path, Path]:
+    """A Python installation at ``root`` whose site-packages is empty and ours (a base image's interpreter, on
+    this host): the running interpreter's executable copied, its standard library linked. Returns the
+    interpreter and the site-packages directory a ``--system-site-packages`` venv of it sees."""
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    (root / "bin").mkdir(parents=True)
+    python = root / "bin" / version
+    shutil.copy2(Path(sys._base_executable).resolve(), python)  # a copy, not a link: its prefix is ``root``
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    (root / "lib" / version).mkdir(parents=True)
+    for entry in stdlib.iterdir():
+        if entry.name not in ("site-packages", "dist-packages"):
+            (root / "lib" / version / entry.name).symlink_to(entry)
+    probe = "import site, sys; print(sys.prefix); print(*site.getsitepackages(), sep='\\n')"
+    prefix, *sites = subprocess.run(
+        [str(python), "-I", "-c", probe], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert Path(prefix) == root, f"{python} found its prefix at {prefix}, not {root}"
+    site_dir = Path(sites[0])
+    site_dir.mkdir(parents=True, exist_ok=True)
+    if subprocess.run([str(python), "-I", "-c", "import ensurepip"], capture_output=True, check=False).returncode:
+        # No ensurepip (Debian without python3-venv): install-wheels.sh drives the base's own pip, as on such a base.
+        import pip
+
+        shutil.copytree(Path(pip.__file__).parent, site_dir / "pip")
+    return python, site_dir
+
+
+def test_install_script_puts_a_patched_wheel_over_the_bases_copy_of_the_same_version(tmp_path: Path) -> None:
+    """docker/install-wheels.sh, as `doit image` runs it in a container of the base, here on a Python whose
+    own site-packages holds repro-colors 1.1.0: the wheelhouse's patched repro-colors 1.1.0 (the SGLang case,
+    pinned at the base's version) is installed into the venv and is the one imported (docs/lock.md)."""
+    python, site_dir = python_installation(tmp_path / "base")
+    original, _ = write_wheel(tmp_path / "original", "repro-colors", "1.1.0", (), "COLOR = 'the base'\n")
+    with zipfile.ZipFile(tmp_path / "original" / original) as zf:
+        zf.extractall(site_dir)  # installed in the base, as a base image's pip would leave it
+    wheels = tmp_path / "wheels"
+    _name, digest = write_wheel(wheels, "repro-colors", "1.1.0", (), "COLOR = 'patched'\n")
+    (wheels / "requirements.txt").write_text(f"repro-colors==1.1.0 --hash=sha256:{digest}\n")
+    prefix = tmp_path / "opt" / "reprostack"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LC_ALL": "C.UTF-8", "SOURCE_DATE_EPOCH": "315532800"}
+    res = subprocess.run(
+        ["sh", str(REPO / "docker" / "install-wheels.sh"), str(python), str(prefix), str(wheels)],
+        env=env, capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    probe = "import repro_colors; print(repro_colors.COLOR); print(repro_colors.__file__)"
+    out = subprocess.run(
+        [str(prefix / "bin" / "python"), "-c", probe], env=env, check=True, capture_output=True, text=True
+    ).stdout.splitlines()
+    assert out[0] == "patched", f"the venv imports the base's copy ({out[1]}), not the wheelhouse's:\n{res.stdout}"
+    assert Path(out[1]).is_relative_to(prefix)
 
 
 def test_fetched_wheel_whose_hash_differs_is_refused(workspace: Workspace, tmp_path: Path) -> None:
