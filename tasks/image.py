@@ -257,7 +257,9 @@ def make_plan(ctx: Context) -> Plan:
     house = load_wheelhouse(ctx.settings.wheels)
     if not (spec.docker_dir / INSTALL_SCRIPT).is_file():
         raise ImageError(
-            f"[image] docker_dir {spec.docker_dir} has no {INSTALL_SCRIPT} (the script that installs the wheelhouse)"
+            f"{ctx.lock.path}: [image] docker_dir {spec.docker_dir} has no {INSTALL_SCRIPT} (the script that installs "
+            "the wheelhouse); set docker_dir, relative to the lock, to a directory holding it (this repository's "
+            'docker/: docker_dir = "../docker" for a lock in recipes/)'
         )
     docker_tree = tree_sha256(spec.docker_dir)
     labels = image_labels(

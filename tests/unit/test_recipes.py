@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.image import INSTALL_SCRIPT
 from tasks.lockfile import load_lock
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -44,3 +45,14 @@ def test_recipe_lock_loads_resolves_and_lists_what_is_open(lock_path: Path) -> N
     if lock.image is not None and not lock.image.digest:
         missing += [] if "`[image]`" in listed else ["[image]"]
     assert not missing, f"{page.name}: pins open in the lock but not listed under 'Open here': {missing}"
+
+
+@pytest.mark.parametrize("lock_path", LOCKS, ids=[p.stem for p in LOCKS])
+def test_recipe_image_definition_is_there(lock_path: Path) -> None:
+    """`doit image lock=recipes/NAME.lock` finds the install script: docker_dir is relative to the lock."""
+    image = load_lock(lock_path, require_pins=False).image
+    if image is None:
+        return
+    assert (image.docker_dir / INSTALL_SCRIPT).is_file(), (
+        f'{lock_path.name}: [image] docker_dir {image.docker_dir} has no {INSTALL_SCRIPT}: set docker_dir = "../docker"'
+    )
