@@ -21,6 +21,7 @@ git or a compiler while doit loads or lists tasks.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import functools
 import os
@@ -149,6 +150,8 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
 def environment_error(exc: OSError) -> ReproError:
     """One clear line for an operating-system error that reached a task (no traceback)."""
     where = f": {exc.filename}" if exc.filename else ""
+    if not where and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = _fullest_output()  # a write on a full disk names no file
     reason = exc.strerror or str(exc)
     hint = {
         errno.ENOSPC: "free some space there (or point cache=/builddir=/wheels= at another disk) and rerun",
@@ -158,7 +161,28 @@ def environment_error(exc: OSError) -> ReproError:
         errno.EACCES: "that path is not writable for this user: choose another (cache=, builddir=, wheels=)",
         errno.EROFS: "that file system is read-only: choose another place (cache=, builddir=, wheels=)",
     }.get(exc.errno or 0, "check that path and rerun")
-    return ReproError(f"{reason}{where}; {hint}. Nothing partial was kept.")
+    # True of every output: the cache publishes whole entries, wheels/ and the lock are written through
+    # temporary files, and wheels/ has no manifest until it is complete (docs/security.md).
+    return ReproError(f"{reason}{where}; {hint}. Nothing partial was kept in the cache or wheels/.")
+
+
+def _fullest_output() -> str:
+    """Of this run's output directories, the one whose file system has the least room left."""
+    try:
+        settings = context().settings
+    except BaseException:
+        return ""
+    room = []
+    for setting, path in (("builddir", settings.builddir), ("cache", settings.cache), ("wheels", settings.wheels)):
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        with contextlib.suppress(OSError):
+            room.append((shutil.disk_usage(probe).free, setting, path))
+    if not room:
+        return ""
+    free, setting, path = min(room)
+    return f" under {setting}={path} ({free // 1024} KiB free there)"
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from tasks import index, provenance
-from tasks.cache import WheelEntry, rmtree, write_atomic
+from tasks.cache import WheelEntry, copy_atomic, rmtree, write_atomic
 from tasks.context import Context
 from tasks.errors import BuildError, LockError
 from tasks.index import wheel_project
@@ -101,6 +99,9 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                     "packages of one lock may not build one distribution); nothing was written to wheels/"
                 )
         fetched = fetch_closure(ctx, entries)  # checks the built wheels' requirements first
+        # From here wheels/ changes: without its manifest it reads as incomplete until the manifest is
+        # written last, whatever stops this part (a full disk, a signal).
+        (out / "manifest.json").unlink(missing_ok=True)
         for pkg in ctx.active:
             entry = entries[pkg.name]
             _place(entry.path, entry.size, entry.sha256, out)
@@ -178,10 +179,7 @@ def _place(path: Path, size: int, sha256: str, out: Path) -> None:
         return
     if dest.exists():
         print(f"restored {dest} from the cache: it differed from the wheel of its key", flush=True)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.copyfile(path, tmp)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, dest)
+    copy_atomic(path, dest)
 
 
 def fetch_closure(ctx: Context, entries: Mapping[str, WheelEntry]) -> dict[str, tuple[Path, str]]:

@@ -1,0 +1,72 @@
+"""Environmental faults as they happen (issue 20): a full disk under wheels/ and under the build logs.
+
+A small tmpfs, filled up, is the full disk; the runs are real `doit` runs of the example lock's
+pure-Python package (no compiler needed). Each fault must end in one line naming the path, the error's
+own exit status, no traceback, and nothing half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Workspace, require
+
+pytestmark = pytest.mark.integration
+
+PURE = "".join(
+    f"[profiles.pure.packages.{p}]\nenabled = false\n" for p in ("repro_pybind", "repro_cuda", "repro_torchext")
+)
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a 1 MiB tmpfs with a few KiB left."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)]
+    if os.geteuid() != 0 or not shutil.which("mount") or subprocess.run(mount, capture_output=True).returncode != 0:
+        require("cannot mount a small tmpfs here (needs root and mount privileges)")
+    try:
+        with (small / "filler").open("wb") as fh:
+            try:
+                fh.write(b"\0" * ((1 << 20) - (8 << 10)))
+            except OSError:
+                pass
+        yield small
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def one_clear_line(res: subprocess.CompletedProcess[str], where: Path) -> None:
+    out = res.stdout + res.stderr
+    assert res.returncode == 10, out  # ReproError: the environment
+    assert "Traceback" not in out, out
+    lines = [line for line in res.stderr.splitlines() if "No space left on device" in line]
+    assert len(lines) == 1 and str(where) in lines[0], res.stderr
+
+
+def test_full_disk_under_wheels_leaves_no_partial_file_and_no_manifest(workspace: Workspace, full_disk: Path) -> None:
+    ws = workspace
+    ws.lock.write_text(ws.lock.read_text() + "\n[profiles.pure]\n" + PURE)
+    ws.doit("wheels", "profile=pure")  # the wheels are in the cache; only wheels/ is on the full disk
+    out = full_disk / "wheels"
+    res = ws.doit("wheels", "profile=pure", f"wheels={out}", check=False)
+    one_clear_line(res, out)
+    assert not (out / "manifest.json").exists()  # an incomplete wheelhouse says so
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")], list(out.iterdir())  # no temporary copy
+    (full_disk / "filler").unlink()
+    ws.doit("wheels", "profile=pure", f"wheels={out}")
+    assert (out / "manifest.json").is_file()
+
+
+def test_full_disk_under_the_build_logs_is_one_clear_line(workspace: Workspace, full_disk: Path) -> None:
+    ws = workspace
+    ws.lock.write_text(ws.lock.read_text() + "\n[profiles.pure]\n" + PURE)
+    res = ws.doit("wheels", "profile=pure", f"builddir={full_disk / 'build'}", check=False)
+    one_clear_line(res, full_disk / "build")
+    assert not (ws.wheels / "manifest.json").exists()
