@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Workspace, built_packages, lock_text_for
+from conftest import REPO, Workspace, built_packages, lock_text_for, require
 
 from integration.test_wheels import find_cuobjdump
 from tasks.hermetic import set_sha256
@@ -41,7 +41,7 @@ def _can_hide_cuda() -> bool:
 
 def test_hermetic_toolchain_builds_the_cuda_fixture_without_the_host_cuda(tmp_path: Path, server: object) -> None:
     if not _can_hide_cuda():
-        pytest.skip(f"cannot hide the host's CUDA ({SYSTEM_CUDA} absent, or unshare --mount not permitted)")
+        require(f"cannot hide the host's CUDA ({SYSTEM_CUDA} absent, or unshare --mount not permitted)")
     pins = load_lock(HERMETIC_LOCK).toolchain.hermetic
     # The pinned wheels, fetched by the host's pip as it is configured, become the
     # mirror's wheels/: the install then runs with --no-index from that folder.

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 from tasks.jobserver import JobServer, killed_for_memory, load_memory, memory_record, ninja_version, record_memory
 
@@ -43,7 +44,7 @@ def _ninja_dir() -> str:
         found = shutil.which("ninja", path=path)
         if found and (ninja_version(found) or (0,)) >= (1, 13):
             return path
-    pytest.skip("no ninja >= 1.13 installed (pip install ninja==1.13.0)")
+    require("no ninja >= 1.13 installed (pip install ninja==1.13.0)")
 
 
 def _project(root: Path, edges: int, seconds: dict[int, float] | None = None) -> Path:
@@ -241,7 +242,7 @@ def test_compiler_out_of_memory_is_recognised(tmp_path: Path) -> None:
     """g++ under a small address-space limit fails the way the OOM killer's victims report."""
     cxx = shutil.which("g++")
     if cxx is None:
-        pytest.skip("g++ is not installed")
+        require("g++ is not installed")
     src = tmp_path / "big.cpp"
     src.write_text("#include <map>\n#include <string>\n#include <vector>\nint main() { return 0; }\n")
     res = subprocess.run(
@@ -282,7 +283,7 @@ def test_nvcc_whose_cicc_the_oom_killer_stopped_is_recognised(tmp_path: Path) ->
     """nvcc only prints a bare "Killed" when cicc gets SIGKILL, as from the OOM killer on the H200 host."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        pytest.skip("nvcc is not installed")
+        require("nvcc is not installed")
     src = tmp_path / "slow_kernel.cu"
     src.write_text(_SLOW_KERNEL)
     build = subprocess.Popen(

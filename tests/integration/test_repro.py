@@ -165,7 +165,7 @@ def test_a_build_that_embeds_its_time_fails_doit_repro_with_a_report(
 def test_nvcc_objects_differ_without_the_reproducibility_settings(tmp_path: Path) -> None:
     """The mechanism, on the CUDA fixture with -lineinfo, in two directories: plain nvcc differs, ours does not."""
     if reproducible.method() != "mount-namespace":
-        pytest.skip("unshare --mount is not permitted on this host; -lineinfo builds then keep their directory")
+        require("unshare --mount is not permitted on this host; -lineinfo builds then keep their directory")
     assert NVCC is not None
     include = sysconfig.get_paths()["include"]
     cmd = [NVCC, "-shared", "-O2", "-lineinfo", "-std=c++17", "-cudart", "static", "-Xcompiler", "-fPIC",

@@ -420,7 +420,7 @@ def rows_of(report: Report, package: str) -> dict[str, Row]:
 def pick(built: Mapping[str, Built], *names: str) -> list[Built]:
     missing = [n for n in names if n not in built]
     if missing:
-        pytest.skip(f"fixture wheels not buildable here: {', '.join(missing)}")
+        require(f"fixture wheels not buildable here: {', '.join(missing)}")
     return [built[n] for n in names]
 
 

@@ -13,6 +13,7 @@ import doit
 import doit.loader
 import doit.plugin
 import pytest
+from conftest import require
 
 from tasks import cli
 
@@ -50,7 +51,7 @@ def test_plugins_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_venvs_doit_is_ours_and_runs_doit() -> None:
     script = Path(sys.executable).parent / "doit"
     if not script.is_file():
-        pytest.skip(f"no doit script beside {sys.executable}")
+        require(f"no doit script beside {sys.executable}")
     assert "tasks.cli" in script.read_text(), f"{script} is not the project's (pip install -e . writes it)"
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[0] == ".".join(map(str, doit.__version__))

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path, PurePosixPath
 
-import pytest
+from conftest import require
 
 from tasks import proc, reproducible
 from tasks.keys import RECIPE_FORMAT, action_key, key_document
@@ -82,7 +82,7 @@ def test_reproducibility_settings_enter_the_action_key() -> None:
 
 def test_a_build_sees_its_stage_at_the_canonical_path(tmp_path: Path) -> None:
     if reproducible.method() != "mount-namespace":
-        pytest.skip("unshare --mount is not permitted on this host (builds fall back to -ffile-prefix-map)")
+        require("unshare --mount is not permitted on this host (builds fall back to -ffile-prefix-map)")
     stage = tmp_path / "somewhere" / "stage"
     (stage / "sub").mkdir(parents=True)
     (stage / "sub" / "marker").write_text("staged here\n")
