@@ -146,6 +146,15 @@ def unpack(archive: Path, dest: Path, strip: int | None = None) -> Path:
         if len(children) != 1 or not children[0].is_dir():
             raise FetchError(f"{archive}: strip={strip} but the archive has no single top-level directory")
         root = children[0]
+    if levels:
+        # Links were checked against the archive's root; the tree is now a directory below it.
+        links = members.tree_links(root)
+        bad = members.escaping_link(links)
+        if bad is not None:
+            raise VerificationError(
+                f"{archive}: refused, nothing of it was used: member {bad!r}: symbolic link to {links[bad]!r}, "
+                f"outside the tree once {levels} leading director{'y is' if levels == 1 else 'ies are'} stripped"
+            )
     return root
 
 

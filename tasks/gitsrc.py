@@ -218,24 +218,12 @@ def _read_blobs(repo: Path, shas: list[str]) -> list[bytes]:
     return found
 
 
-def export_tree(
-    repo: Path,
-    commit: str,
-    dest: Path,
-    *,
-    prefix: str = "",
-    keep: FileFilter,
-    submodules: Mapping[str, tuple[Path, str]] | None = None,
-) -> None:
-    """Write the files of ``commit`` kept by ``keep`` under ``dest``.
-
-    ``submodules`` maps a gitlink path to (bare repo, commit) to export in its
-    place; the commit must equal the gitlink recorded in the superproject.
-    Gitlinks not listed are left out.
-    """
-    items = list_tree(repo, commit)
-    blobs: list[TreeItem] = []
-    for item in items:
+def _plan(
+    repo: Path, commit: str, prefix: str, keep: FileFilter, submodules: Mapping[str, tuple[Path, str]] | None
+) -> list[tuple[Path, TreeItem, str]]:
+    """(repository, blob, path in the tree) of every blob to export, submodules' included."""
+    planned = []
+    for item in list_tree(repo, commit):
         full = f"{prefix}{item.path}"
         if item.type == "commit":
             if submodules and item.path in submodules:
@@ -245,33 +233,67 @@ def export_tree(
                         f"submodule {full}: the lock pins {sub_commit} but the superproject records {item.sha}; "
                         "run `doit lock` to update the pin"
                     )
-                export_tree(sub_repo, sub_commit, dest, prefix=f"{full}/", keep=keep)
+                planned += _plan(sub_repo, sub_commit, f"{full}/", keep, None)
             continue
         if item.type == "blob" and keep.keeps(full):
-            blobs.append(item)
-    if not blobs:
+            planned.append((repo, item, full))
+    return planned
+
+
+def export_tree(
+    repo: Path,
+    commit: str,
+    dest: Path,
+    *,
+    keep: FileFilter,
+    submodules: Mapping[str, tuple[Path, str]] | None = None,
+) -> None:
+    """Write the files of ``commit`` kept by ``keep`` under ``dest``.
+
+    ``submodules`` maps a gitlink path to (bare repo, commit) to export in its
+    place; the commit must equal the gitlink recorded in the superproject.
+    Gitlinks not listed are left out.
+    """
+    planned = _plan(repo, commit, "", keep, submodules)
+    if not planned:
         return
-    # Check every path and link target before anything is written (tasks/members.py): a link out of the
-    # tree (to a host file, say) is refused here as it is in archives.
-    targets = dict(
-        zip(
-            (b.sha for b in blobs if b.mode == "120000"),
-            _read_blobs(repo, [b.sha for b in blobs if b.mode == "120000"]),
-            strict=True,
-        )
-    )
+    # Check every path and link target before anything is written (tasks/members.py), the superproject's
+    # and its submodules' together (a link in one may lead through a link in the other): a link out of the
+    # tree (to a host file, say), directly or through a chain of the tree's own links, is refused here as
+    # it is in archives.
+    targets: dict[tuple[Path, str], str] = {}
+    for source in dict.fromkeys(r for r, _item, _full in planned):
+        shas = list(dict.fromkeys(i.sha for r, i, _full in planned if r == source and i.mode == "120000"))
+        for sha, data in zip(shas, _read_blobs(source, shas), strict=True):
+            targets[source, sha] = data.decode("utf-8", "surrogateescape")
     try:
         members.check(
             members.Member(
-                name=f"{prefix}{b.path}",
-                kind=members.SYMLINK if b.mode == "120000" else members.FILE,
-                target=targets.get(b.sha, b"").decode("utf-8", "surrogateescape"),
+                name=full,
+                kind=members.SYMLINK if item.mode == "120000" else members.FILE,
+                target=targets.get((source, item.sha), ""),
             )
-            for b in blobs
+            for source, item, full in planned
         )
     except members.UnsafeMember as exc:
         raise VerificationError(f"git tree {commit}: refused, nothing of it was used: member {exc}") from None
-    # Stream every blob through one cat-file process.
+    # Files first, streamed through one cat-file process per repository; links last, so nothing is
+    # ever written through one.
+    for source in dict.fromkeys(r for r, _item, _full in planned):
+        _write_blobs(
+            source, [(item, dest / full) for r, item, full in planned if r == source and item.mode != "120000"]
+        )
+    for source, item, full in planned:
+        if item.mode == "120000":
+            target = dest / full
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(targets[source, item.sha], target)
+
+
+def _write_blobs(repo: Path, blobs: list[tuple[TreeItem, Path]]) -> None:
+    """Write each blob of ``repo`` to its path (644, or 755 for an executable), through one ``git cat-file``."""
+    if not blobs:
+        return
     with subprocess.Popen(
         ["git", "--git-dir", str(repo), "cat-file", "--batch"],
         env=git_env(),
@@ -279,19 +301,15 @@ def export_tree(
         stdout=subprocess.PIPE,
     ) as cat:
         assert cat.stdin and cat.stdout
-        for item in blobs:
+        for item, target in blobs:
             cat.stdin.write(item.sha.encode() + b"\n")
             cat.stdin.flush()
             header = cat.stdout.readline().split()
             if len(header) != 3 or header[1] != b"blob":
-                raise FetchError(f"git cat-file: unexpected answer {header!r} for {prefix}{item.path}")
+                raise FetchError(f"git cat-file: unexpected answer {header!r} for {item.path}")
             data = cat.stdout.read(int(header[2]))
             cat.stdout.read(1)
-            target = dest / f"{prefix}{item.path}"
             target.parent.mkdir(parents=True, exist_ok=True)
-            if item.mode == "120000":
-                os.symlink(data.decode("utf-8", "surrogateescape"), target)
-            else:
-                target.write_bytes(data)
-                os.chmod(target, 0o755 if item.mode == "100755" else 0o644)
+            target.write_bytes(data)
+            os.chmod(target, 0o755 if item.mode == "100755" else 0o644)
         cat.stdin.close()

@@ -20,7 +20,7 @@ from tasks.archive import pack_tree, unpack
 from tasks.cache import Cache, rmtree, warn, write_atomic
 from tasks.errors import VerificationError
 from tasks.lockfile import Source
-from tasks.members import target_inside
+from tasks.members import escaping_link
 from tasks.treehash import FileFilter, file_sha256, hash_entries, tree_sha256, walk
 
 
@@ -199,9 +199,11 @@ def tree_problem(tree: Path, expected: str) -> str | None:
         entries = list(walk(tree))
     except (OSError, ValueError) as exc:
         return f"cannot be read ({exc})"
-    for entry in entries:
-        if entry.kind == "symlink" and not target_inside(entry.path, os.readlink(tree / entry.path)):
-            return f"has a symbolic link out of the tree: {entry.path}"
+    # Each link followed through the tree's other links, as the kernel would (never os.path.realpath).
+    links = {e.path: os.readlink(tree / e.path) for e in entries if e.kind == "symlink"}
+    bad = escaping_link(links)
+    if bad is not None:
+        return f"has a symbolic link out of the tree: {bad} -> {links[bad]}"
     actual = hash_entries(entries)
     return None if actual == expected else f"hashes to {actual}, not the lock's tree_sha256 {expected}"
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from tasks import proc
+from tasks import members, proc
 from tasks.cache import rmtree
-from tasks.errors import PatchError
+from tasks.errors import PatchError, VerificationError
 from tasks.lockfile import Package
 from tasks.wheelnorm import DEFAULT_EPOCH
 
@@ -130,12 +130,23 @@ def stage_package(
                 target.rmdir()
             shutil.copytree(trees[src_name], target, symlinks=True)
         # Cached trees are read-only inputs; the copy must be writable for the build.
-        for dirpath, _dirs, files in os.walk(dest):
+        links: dict[str, str] = {}
+        for dirpath, dirs, files in os.walk(dest):  # not into links to directories
             os.chmod(dirpath, 0o755)
-            for f in files:
+            for i, f in enumerate((*dirs, *files)):
                 p = os.path.join(dirpath, f)
-                if not os.path.islink(p):
+                if os.path.islink(p):
+                    links[os.path.relpath(p, dest)] = os.readlink(p)
+                elif i >= len(dirs):
                     os.chmod(p, 0o755 if os.stat(p).st_mode & 0o100 else 0o644)
+        # The build reads through every link: each must lead inside the staged tree, followed through the
+        # others (overlays included, which no single source's check saw together) as the kernel follows them.
+        bad = members.escaping_link(links)
+        if bad is not None:
+            raise VerificationError(
+                f"package {pkg.name}: staged sources hold a symbolic link out of the tree: {bad} -> {links[bad]}; "
+                "refusing to build from them (check the sources and overlays in the lock)"
+            )
         started = time.time()
         apply_patches(dest, patches, log)
         settle_patched_mtimes(dest, since=started)

@@ -110,6 +110,63 @@ def test_git_symlink_to_a_host_file_is_refused(tmp_path: Path) -> None:
     assert "'secret.txt': symbolic link to '/etc/hostname', outside the tree" in res.stderr
 
 
+GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+
+
+def git_commit(work: Path, links: dict[str, str], gitlinks: dict[str, str] | None = None) -> str:
+    """A repository at ``work`` with a setup.py, the symbolic links ``links`` and submodule entries; its commit."""
+    env = {**os.environ, **GIT_ENV}
+    subprocess.run(["git", "init", "-q", str(work)], check=True, env=env)
+    (work / "setup.py").write_text("from setuptools import setup\nsetup(name='evil')\n")
+    for name, target in links.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).symlink_to(target)
+    subprocess.run(["git", "-C", str(work), "add", "-A"], check=True, env=env)
+    for path, commit in (gitlinks or {}).items():
+        subprocess.run(["git", "-C", str(work), "update-index", "--add", "--cacheinfo", f"160000,{commit},{path}"],
+                       check=True, env=env)  # fmt: skip
+    subprocess.run(["git", "-C", str(work), "commit", "-qm", "x"], check=True, env=env)
+    return subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], check=True, env=env,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+
+def serve_bare(work: Path, served: Path) -> None:
+    """``work`` as ``served/<name>.git``, for git's dumb HTTP protocol."""
+    bare = served / f"{work.name}.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True, env={**os.environ, **GIT_ENV})
+    subprocess.run(["git", "-C", str(bare), "update-server-info"], check=True, env={**os.environ, **GIT_ENV})
+
+
+#: Normalises inside the tree, but each `deep/l` (a link to `..`) leads back to the top: the 30 `..` leave it.
+CHAIN = "deep/l/" * 15 + "../" * 30 + "etc/hostname"
+
+
+def test_git_link_chain_out_of_the_tree_is_refused(tmp_path: Path) -> None:
+    """A link that climbs out through the tree's own links is refused, also when the chain spans a submodule."""
+    served = tmp_path / "served"
+    plain = git_commit(tmp_path / "plain", {"deep/l": "..", "secret.txt": CHAIN})
+    serve_bare(tmp_path / "plain", served)
+    # The submodule's link alone stays inside; it leaves only through the superproject's `deep/l`.
+    sub = git_commit(tmp_path / "sub", {"secret.txt": "../" + CHAIN})
+    serve_bare(tmp_path / "sub", served)
+    sup = git_commit(tmp_path / "super", {"deep/l": ".."}, {"vendor": sub})
+    serve_bare(tmp_path / "super", served)
+    with FixtureServer(served) as srv:
+        ws = tmp_path / "ws"
+        lock = tiny_lock(ws, f'kind = "git"\nurl = "{srv.url}/plain.git"\ncommit = "{plain}"\ntree_sha256 = "{ZERO}"')
+        res = doit(ws, lock, tmp_path / "cache", "fetch:evil")
+        assert res.returncode == 13, res.stdout + res.stderr
+        assert "refused, nothing of it was used: member 'secret.txt': symbolic link to 'deep/l/deep/l/" in res.stderr
+        assert "outside the tree once the tree's own symbolic links are followed" in res.stderr
+        lock = tiny_lock(ws, f'kind = "git"\nurl = "{srv.url}/super.git"\ncommit = "{sup}"\ntree_sha256 = "{ZERO}"\n'
+                         f'[sources.evil.submodules.vendor]\nurl = "{srv.url}/sub.git"\ncommit = "{sub}"')  # fmt: skip
+        res = doit(ws, lock, tmp_path / "cache", "fetch:evil")
+        assert res.returncode == 13, res.stdout + res.stderr
+        assert "member 'vendor/secret.txt': symbolic link to '../deep/l/" in res.stderr, res.stderr
+    assert not (tmp_path / "cache" / "sources").exists() or not list((tmp_path / "cache" / "sources").iterdir())
+
+
 @pytest.fixture
 def silent_server() -> Iterator[int]:
     """A TCP server on loopback that accepts connections and never sends a byte."""

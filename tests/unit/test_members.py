@@ -7,13 +7,18 @@ import os
 import stat
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tasks import archive, members
+from tasks import archive, members, sources
 from tasks.errors import VerificationError
+from tasks.lockfile import Package
 from tasks.members import DIRECTORY, FILE, SYMLINK, Member, UnsafeMember
+from tasks.stage import stage_package
+from tasks.treehash import tree_sha256
 
 
 @pytest.mark.parametrize(
@@ -134,3 +139,189 @@ def test_zip_link_to_a_host_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(VerificationError, match="'p-1/secret': symbolic link to '/etc/shadow', outside the tree"):
         archive.unpack(path, tmp_path / "dest")
     assert not (tmp_path / "dest" / "raw" / "p-1").exists()
+
+
+# A link that normalises inside the tree but, followed through the tree's own link `deep/l -> ..`,
+# climbs out: each `deep/l` returns to the top, so the 30 `..` leave it (the kernel stops at `/`).
+CHAIN = "deep/l/" * 15 + "../" * 30 + "etc/hostname"
+
+
+def test_a_chain_of_the_trees_own_links_that_climbs_out_is_refused() -> None:
+    assert members.target_inside("secret.txt", CHAIN)  # lexically it stays inside
+    chain = [Member(name="deep/l", kind=SYMLINK, target=".."), Member(name="secret.txt", kind=SYMLINK, target=CHAIN)]
+    for listed in (chain, chain[::-1]):  # wherever the link it passes through is listed
+        with pytest.raises(UnsafeMember, match=r"'secret.txt': symbolic link to .* outside the tree once"):
+            members.check(listed)
+    loop = [Member(name="a", kind=SYMLINK, target="b"), Member(name="b", kind=SYMLINK, target="a")]
+    with pytest.raises(UnsafeMember, match="outside the tree once"):
+        members.check(loop)
+    # Chains that stay inside are kept: links through links, and `..` from where a link really leads.
+    ok = [
+        Member(name="pkg/a.py", kind=FILE),
+        Member(name="pkg/sub/d", kind=SYMLINK, target="../../lib"),
+        Member(name="lib/inc/x.h", kind=FILE),
+        Member(name="pkg/x.h", kind=SYMLINK, target="sub/d/inc/../inc/x.h"),
+        Member(name="top", kind=SYMLINK, target="pkg/sub/d/.."),
+    ]
+    assert len(members.check(ok)) == 5
+    assert members.resolve("pkg/x.h", {m.name: m.target for m in ok if m.kind == SYMLINK}) == "lib/inc/x.h"
+
+
+def test_tar_with_a_link_chain_out_of_the_tree_is_refused(tmp_path: Path, stdlib_filter: str) -> None:
+    bad = _tar(
+        tmp_path / "bad.tar",
+        [
+            _entry("p-1/", tarfile.DIRTYPE),
+            _entry("p-1/deep/", tarfile.DIRTYPE),
+            _entry("p-1/deep/l", tarfile.SYMTYPE, ".."),
+            _entry("p-1/secret.txt", tarfile.SYMTYPE, CHAIN),
+            _entry("p-1/setup.py"),
+        ],
+        {"p-1/setup.py": b"x"},
+    )
+    with pytest.raises(VerificationError, match=r"'p-1/secret.txt': symbolic link to .* outside the tree once"):
+        archive.unpack(bad, tmp_path / "dest")
+    assert not (tmp_path / "dest" / "raw" / "p-1").exists()
+
+
+def test_zip_with_a_link_chain_out_of_the_tree_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("p-1/setup.py", "x")
+        for name, target in (("p-1/deep/l", ".."), ("p-1/secret.txt", CHAIN)):
+            link = zipfile.ZipInfo(name)
+            link.external_attr = (stat.S_IFLNK | 0o777) << 16
+            zf.writestr(link, target)
+    with pytest.raises(VerificationError, match=r"'p-1/secret.txt': symbolic link to .* outside the tree once"):
+        archive.unpack(path, tmp_path / "dest")
+    assert not (tmp_path / "dest" / "raw" / "p-1").exists()
+
+
+def test_a_link_to_the_stripped_directory_is_refused(tmp_path: Path) -> None:
+    """`p-1/up -> ..` stays inside the archive, but not inside the tree once `p-1/` is stripped."""
+    bad = _tar(tmp_path / "bad.tar", [_entry("p-1/", tarfile.DIRTYPE), _entry("p-1/up", tarfile.SYMTYPE, "..")])
+    with pytest.raises(VerificationError, match=r"'up': symbolic link to '..', outside the tree once 1 leading"):
+        archive.unpack(bad, tmp_path / "dest")
+    assert archive.unpack(bad, tmp_path / "kept", strip=0).name == "raw"  # unstripped, it is inside
+
+
+def test_cached_tree_and_staging_follow_links_through_each_other(tmp_path: Path) -> None:
+    """What the build reads: each link of the tree on disk followed through the others (overlays too)."""
+    host = tmp_path / "host-secret"
+    host.write_text("the host's")
+    chain = "deep/l/" * 15 + "../" * 30 + str(host).lstrip("/")
+    tree = tmp_path / "tree"
+    (tree / "deep").mkdir(parents=True)
+    (tree / "setup.py").write_text("x")
+    (tree / "deep" / "l").symlink_to("..")
+    (tree / "secret.txt").symlink_to(chain)
+    assert (tree / "secret.txt").read_text() == "the host's"  # what a build would read
+    problem = sources.tree_problem(tree, tree_sha256(tree))
+    assert problem is not None and f"link out of the tree: secret.txt -> {chain}" in problem
+    # Each tree alone is safe; together, `main/leak` climbs out through the overlay's `x -> .`
+    # (each `ov/x/..` goes nowhere, so the 30 `..` leave the staged tree).
+    main, overlay = tmp_path / "main", tmp_path / "overlay"
+    main.mkdir()
+    overlay.mkdir()
+    (main / "setup.py").write_text("x")
+    leak = "ov/x/../" * 30 + "../" * 30 + "etc/hostname"
+    (main / "leak").symlink_to(leak)
+    (overlay / "x").symlink_to(".")
+    for alone in (main, overlay):
+        assert sources.tree_problem(alone, tree_sha256(alone)) is None
+    pkg = Package(name="pkg", source="main", overlays=(("ov", "overlay"),))
+    dest = tmp_path / "stage"
+    with pytest.raises(VerificationError, match=f"symbolic link out of the tree: leak -> {leak}; refusing"):
+        stage_package(pkg, trees={"main": main, "overlay": overlay}, patches=[], dest=dest, log=tmp_path / "log")
+    assert not dest.exists()
+
+
+def cve_2025_4517_tar(path: Path, dest: Path, outside: Path) -> Path:
+    """The CVE-2025-4517 shape, for extraction into ``dest``: a file written through a link out of the tree.
+
+    Sixteen links ``a`` .. ``p``, each to a directory of a long name, nest ever deeper; then a link ``l``
+    (``../`` sixteen times) at the deepest point, whose path, spelt out, exceeds PATH_MAX.
+    os.path.realpath stops following links there and goes on lexically, so the link ``escape`` through
+    ``l`` looks inside ``dest`` to tarfile's ``data`` filter (Python before 3.11.13 / 3.12.11), while
+    the kernel follows ``l`` back up and on to ``outside``. Then ``escape/planted`` is written there.
+    """
+    steps = "abcdefghijklmnop"
+    long = "d" * ((4096 - len(str(dest)) - 64) // len(steps) - 1)  # the directories fit, their spelt-out path not
+    entries, inner = [], ""
+    for step in steps:
+        entries += [_entry(f"{inner}{long}", tarfile.DIRTYPE), _entry(f"{inner}{step}", tarfile.SYMTYPE, long)]
+        inner += f"{long}/"
+    through = "/".join(steps) + "/" + "l" * 254
+    entries.append(_entry(through, tarfile.SYMTYPE, "../" * len(steps)))
+    # realpath pops `l` and the 16 directories and is back in ``dest``; the kernel, in ``dest`` after `l`,
+    # climbs 17 levels: to `/` (``dest`` is less deep), and on to ``outside``.
+    assert len(dest.parts) <= len(steps) + 1
+    climb = "../" * (len(steps) + 1)
+    entries.append(_entry("escape", tarfile.SYMTYPE, f"{through}/{climb}{str(outside).lstrip('/')}"))
+    entries.append(_entry("escape/planted"))
+    return _tar(path, entries, {"escape/planted": b"planted"})
+
+
+def test_cve_2025_4517_writes_nothing_outside(tmp_path: Path, stdlib_filter: str) -> None:
+    """Refused before anything is written, with or without the stdlib's filter (which alone it bypasses)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "x"
+    bad = cve_2025_4517_tar(tmp_path / "poc.tar", dest / "raw", outside)
+    with pytest.raises(VerificationError, match="refused, nothing of it was used: member 'a/b/c/"):
+        archive.unpack(bad, dest)  # its first offence: `l` is written through the link `a`
+    assert not list(outside.iterdir())
+    assert not list((dest / "raw").iterdir())
+
+
+@pytest.fixture
+def python_3_11_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tarfile as on Python 3.11.0 to 3.11.3 (Debian bookworm's 3.11.2): no extraction filters at all."""
+    for name in ("data_filter", "tar_filter", "fully_trusted_filter"):
+        monkeypatch.delattr(tarfile, name, raising=False)
+    monkeypatch.delattr(tarfile.TarFile, "extraction_filter", raising=False)
+    extractall, extract = tarfile.TarFile.extractall, tarfile.TarFile.extract
+
+    def no_filter(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: tarfile.TarFile, *args: Any, numeric_owner: bool = False, **kwargs: Any) -> Any:
+            if kwargs:
+                raise TypeError(f"{method.__name__}() got an unexpected keyword argument {next(iter(kwargs))!r}")
+            return method(self, *args, numeric_owner=numeric_owner, filter="fully_trusted")  # as 3.11.3 did
+
+        return call
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", no_filter(extractall))
+    monkeypatch.setattr(tarfile.TarFile, "extract", no_filter(extract))
+
+
+def test_extraction_stands_alone_where_tarfile_has_no_filter(tmp_path: Path, python_3_11_3: None) -> None:
+    """On 3.11.0-3.11.3 `extractall(filter=...)` is a TypeError: ours works and refuses bad members without it."""
+    with tarfile.open(_tar(tmp_path / "t.tar", [_entry("x")], {"x": b"x"})) as tf, pytest.raises(TypeError):
+        tf.extractall(tmp_path / "probe", filter="data")
+    good = _tar(
+        tmp_path / "good.tar",
+        [_entry("p-1/", tarfile.DIRTYPE), _entry("p-1/a.py"), _entry("p-1/b.py", tarfile.SYMTYPE, "a.py")],
+        {"p-1/a.py": b"print(1)\n"},
+    )
+    root = archive.unpack(good, tmp_path / "good")
+    assert (root / "a.py").read_bytes() == b"print(1)\n" and os.readlink(root / "b.py") == "a.py"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    bad = [
+        [_entry("p-1/", tarfile.DIRTYPE), _entry("p-1/esc", tarfile.SYMTYPE, "../" * 12 + str(outside).lstrip("/"))],
+        [
+            _entry("p-1/", tarfile.DIRTYPE),
+            _entry("p-1/deep/l", tarfile.SYMTYPE, ".."),
+            _entry("p-1/s", tarfile.SYMTYPE, CHAIN),
+        ],
+        [_entry("../escaped")],
+        [_entry("x"), _entry("y", tarfile.LNKTYPE, "x")],
+    ]
+    for i, entries in enumerate(bad):
+        with pytest.raises(VerificationError, match="refused, nothing of it was used"):
+            archive.unpack(_tar(tmp_path / f"bad{i}.tar", entries, {"x": b"x", "../escaped": b"x"}), tmp_path / f"d{i}")
+        assert not list((tmp_path / f"d{i}" / "raw").iterdir())
+    poc = cve_2025_4517_tar(tmp_path / "poc.tar", tmp_path / "poc" / "raw", outside)
+    with pytest.raises(VerificationError, match="refused, nothing of it was used"):
+        archive.unpack(poc, tmp_path / "poc")
+    assert not list(outside.iterdir())
