@@ -9,6 +9,7 @@ install or upgrade changes one of those and triggers a new probe.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ from tasks.errors import ToolchainError
 from tasks.lockfile import Toolchain
 
 #: 3: nvcc by its resolved path; ninja no longer in the key (it cannot change a wheel's bytes).
-FINGERPRINT_VERSION = 5  # 4: whether Python's C headers are there; 5: the first copy of a distribution on sys.path
+FINGERPRINT_VERSION = 6  # 4: Python's C headers; 5: the first copy of a distribution on sys.path; 6: nvcc itself
 TOOLS = ("nvcc", "cc", "c++", "gcc", "g++", "cmake", "ninja", "cuobjdump")
 COMPILER_ENV = {"cc": "CC", "c++": "CXX"}
 STEERING_ENV = (
@@ -127,6 +128,21 @@ def _which(tool: str, env: Mapping[str, str]) -> str | None:
     return shutil.which(tool, path=env.get("PATH"))
 
 
+def nvcc_itself(found: str) -> str:
+    """The nvcc program that ``found`` runs, by its resolved path: through symlinks, and through a wrapper
+    script (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) by the directory nvcc reports it runs from."""
+    here = ""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        res = subprocess.run(
+            [found, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+            capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False,
+        )  # fmt: skip
+        m = re.search(r"^#\$ _HERE_=(.+)$", res.stderr.decode("utf-8", "replace"), flags=re.M)
+        here = m.group(1).strip() if m else ""
+    inside = os.path.join(here, "nvcc") if here else ""
+    return os.path.realpath(inside if inside and os.path.isfile(inside) else found)
+
+
 def _first_line(cmd: list[str], pattern: str = "") -> str:
     try:
         res = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
@@ -167,7 +183,7 @@ def probe(env: Mapping[str, str]) -> dict[str, Any]:
     found = _which("nvcc", env)
     # The resolved path: nvcc writes the path it was started by into what it links (nvlink's
     # -L options), so builds start it by this path (see cuda_env) and the key records it.
-    nvcc = os.path.realpath(found) if found else ""
+    nvcc = nvcc_itself(found) if found else ""
     tools: dict[str, Any] = {
         "nvcc": _first_line([nvcc, "--version"], r"release") if nvcc else "",
         "nvcc_path": nvcc,

@@ -86,16 +86,37 @@ def test_one_nvcc_reached_two_ways_gives_one_key_and_one_wheel(tmp_path: Path, s
     assert wheels["real"] == wheels["link"]
 
 
+def other_cuda(tmp: Path, nvcc: Path) -> Path:
+    """Another CUDA install: its own copy of the nvcc program, the rest of the toolkit linked in."""
+    home, other = nvcc.parent.parent, tmp / "other-cuda"
+    (other / "bin").mkdir(parents=True)
+    for entry in home.iterdir():
+        if entry.name != "bin":
+            (other / entry.name).symlink_to(entry)
+    for tool in nvcc.parent.iterdir():
+        if tool.name == "nvcc":
+            shutil.copy2(tool, other / "bin" / "nvcc")
+        else:
+            (other / "bin" / tool.name).symlink_to(tool)
+    return other / "bin"
+
+
 def test_another_nvcc_is_another_key(tmp_path: Path, workspace: Workspace) -> None:
-    """The key holds the nvcc actually used (resolved path and version): a different nvcc, here a wrapper
-    elsewhere that runs the same compiler, is a different key; two paths to one nvcc are one key."""
+    """The key holds the nvcc actually used (resolved path and version): another install of it is another
+    key; two paths to one nvcc, or a wrapper script that runs it (`exec .../nvcc "$@"`), are one key."""
     nvcc = nvcc_or_skip()
-    wrapper = tmp_path / "other-cuda" / "bin" / "nvcc"
+    wrapper = tmp_path / "wrapper" / "bin" / "nvcc"
     wrapper.parent.mkdir(parents=True)
     wrapper.write_text(f'#!/bin/sh\nexec {nvcc} "$@"\n')
     wrapper.chmod(0o755)
     keys = {}
-    for name, bindir in (("real", nvcc.parent), ("link", linked_cuda(tmp_path, nvcc)), ("other", wrapper.parent)):
+    reached = {
+        "real": nvcc.parent,
+        "link": linked_cuda(tmp_path, nvcc),
+        "wrapper": wrapper.parent,
+        "other": other_cuda(tmp_path, nvcc),
+    }
+    for name, bindir in reached.items():
         code = (
             "from tasks.context import Context\n"
             f"ctx = Context.load({{'lock': {str(workspace.lock)!r}, 'cache': {str(workspace.cache)!r}}})\n"
@@ -108,7 +129,7 @@ def test_another_nvcc_is_another_key(tmp_path: Path, workspace: Workspace) -> No
             [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
         )
         keys[name] = res.stdout.strip().splitlines()[-1]
-    assert keys["real"] == keys["link"]
+    assert keys["real"] == keys["link"] == keys["wrapper"]
     assert keys["other"] != keys["real"]
 
 
