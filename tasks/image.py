@@ -150,7 +150,14 @@ def key_document(
         "wheels": [{"filename": w["filename"], "sha256": w["sha256"]} for w in house.wheels],
         "requirements_sha256": house.requirements_sha256,
         "docker_tree_sha256": docker_tree,
-        "image": {"name": spec.name, "python": spec.python, "prefix": spec.prefix},
+        "image": {
+            "name": spec.name,
+            "python": spec.python,
+            "prefix": spec.prefix,
+            # only where set, so the keys of images without them stay as they were
+            **({"env": dict(spec.env)} if spec.env else {}),
+            **({"volumes": list(spec.volumes)} if spec.volumes else {}),
+        },
         "labels": dict(sorted(labels.items())),
     }
 
@@ -381,6 +388,25 @@ def _install_venv(plan: Plan, base_id: str, context: Path, raw: Path, log: Path)
         docker.remove_container(name)
 
 
+def plan_config(
+    plan: Plan, base: Mapping[str, Any], history: Sequence[Mapping[str, Any]], diff_id: str, wheels: int
+) -> bytes:
+    """The image config of ``plan`` on ``base`` (``docker image inspect``) whose new layer is ``diff_id``."""
+    return config_bytes(
+        image_config(
+            base=base,
+            history=history,
+            diff_id=diff_id,
+            prefix=plan.spec.prefix,
+            labels=plan.labels,
+            created_by=f"doit image: {wheels} wheels from the wheelhouse into the venv {plan.spec.prefix}",
+            epoch=DEFAULT_EPOCH,
+            env=plan.spec.env,
+            volumes=plan.spec.volumes,
+        )
+    )
+
+
 def _write_image(plan: Plan, base: Mapping[str, Any], raw: Path, work: Path, log: Path, wheels: int) -> str:
     """The layer, config and docker-archive of ``plan`` from the venv tar ``raw``, loaded; return the image ID.
 
@@ -394,17 +420,7 @@ def _write_image(plan: Plan, base: Mapping[str, Any], raw: Path, work: Path, log
         history = base_history(docker.image_history(str(base["Id"])), len(base["RootFS"]["Layers"]))
     except ValueError as exc:
         raise ImageError(f"cannot write the image of {plan.tag}: {exc}; see {log}") from None
-    config = config_bytes(
-        image_config(
-            base=base,
-            history=history,
-            diff_id=diff_id,
-            prefix=plan.spec.prefix,
-            labels=plan.labels,
-            created_by=f"doit image: {wheels} wheels from the wheelhouse into the venv {plan.spec.prefix}",
-            epoch=DEFAULT_EPOCH,
-        )
-    )
+    config = plan_config(plan, base, history, diff_id, wheels)
     image_id = write_docker_archive(archive, config=config, layer=layer, tag=plan.tag, epoch=DEFAULT_EPOCH)
     layer.unlink()
     with log.open("a") as fh:

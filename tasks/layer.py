@@ -15,7 +15,8 @@ CONTAINER:PREFIX -`` streams it:
   sha256 of the tar is the layer's diff_id.
 - :func:`image_config`: the base's config (``docker image inspect``, and its
   history from ``docker image history``) plus the venv's ``VIRTUAL_ENV`` and
-  ``PATH``, the labels, the new diff_id and one history entry; ``created`` is
+  ``PATH``, the lock's ``[image] env`` and ``volumes``, the labels, the new
+  diff_id and one history entry; ``created`` is
   the epoch. Serialised canonically (:func:`config_bytes`), its sha256 is the
   image ID.
 - :func:`write_docker_archive`: ``manifest.json``, the config and the new layer
@@ -176,12 +177,13 @@ def _copy(src: tarfile.TarFile, member: tarfile.TarInfo, name: str, out: tarfile
 # --------------------------------------------------------------------------- the config
 
 
-def venv_env(base_env: Sequence[str], prefix: str) -> list[str]:
-    """The base's ``Env`` with ``VIRTUAL_ENV=prefix`` and ``prefix/bin`` first on ``PATH``."""
+def venv_env(base_env: Sequence[str], prefix: str, extra: Mapping[str, str] | None = None) -> list[str]:
+    """The base's ``Env`` with ``VIRTUAL_ENV=prefix``, ``prefix/bin`` first on ``PATH``, then ``extra``
+    (``[image] env``): each variable in its place where the base sets it, else appended in order."""
     env = list(base_env)
     names = [item.partition("=")[0] for item in env]
     path = next((item.partition("=")[2] for item in env if item.startswith("PATH=")), DEFAULT_PATH)
-    for key, value in (("VIRTUAL_ENV", prefix), ("PATH", f"{prefix}/bin:{path}")):
+    for key, value in (("VIRTUAL_ENV", prefix), ("PATH", f"{prefix}/bin:{path}"), *(extra or {}).items()):
         if key in names:
             env[names.index(key)] = f"{key}={value}"
         else:
@@ -238,12 +240,17 @@ def image_config(
     labels: Mapping[str, str],
     created_by: str,
     epoch: int,
+    env: Mapping[str, str] | None = None,
+    volumes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The image config: ``base`` (``docker image inspect``) plus the venv layer, its Env and ``labels``."""
+    """The image config: ``base`` (``docker image inspect``) plus the venv layer, its Env and ``labels``;
+    ``env`` and ``volumes`` (``[image] env``, ``volumes``) are set over the base's."""
     base_config = base.get("Config") or {}
     config = {key: base_config[key] for key in CONFIG_KEYS if base_config.get(key)}
-    config["Env"] = venv_env(base_config.get("Env") or [], prefix)
+    config["Env"] = venv_env(base_config.get("Env") or [], prefix, env)
     config["Labels"] = {**(base_config.get("Labels") or {}), **labels}
+    if volumes:
+        config["Volumes"] = {**(base_config.get("Volumes") or {}), **{path: {} for path in volumes}}
     doc: dict[str, Any] = {
         "architecture": base["Architecture"],
         "os": base["Os"],

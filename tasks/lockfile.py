@@ -15,7 +15,7 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -263,6 +263,10 @@ class ImageSpec:
     python: str = "python3"
     prefix: str = "/opt/reprostack"
     docker_dir: Path = Path("docker")
+    #: Variables the image's config sets, over the base's (a cache path: ``TORCHINDUCTOR_CACHE_DIR``).
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: Paths the image's config declares as volumes (``VOLUME``): where a directory is meant to be mounted.
+    volumes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -642,6 +646,34 @@ def _is_repository(v: Any) -> str | None:
     return None if ok else f"must be a repository name without tag, such as 'reprostack', got {v!r}"
 
 
+#: What the image sets from ``[image] prefix`` itself (tasks/layer.py): ``[image] env`` may not set them.
+IMAGE_OWN_ENV = ("PATH", "VIRTUAL_ENV")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _is_image_env(v: Any) -> str | None:
+    if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+        return "must be a table of strings, such as { TORCHINDUCTOR_CACHE_DIR = '/var/cache/torch-compile' }"
+    bad = [k for k in v if not ENV_NAME_RE.match(k)]
+    if bad:
+        return f"has invalid variable names {bad} (letters, digits and '_', not starting with a digit)"
+    own = [k for k in v if k in IMAGE_OWN_ENV]
+    return f"may not set {own}: the image sets them from [image] prefix" if own else None
+
+
+def _is_volume_list(v: Any) -> str | None:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        return "must be a list of absolute paths, such as ['/var/cache/torch-compile']"
+    bad = [x for x in v if _is_abs_path(x) or x == "/" or str(PurePosixPath(x)) != x]
+    if bad:
+        return (
+            f"has paths {bad} that are not absolute paths in plain form "
+            "(such as '/var/cache/x': no '..', '.', '//' or trailing '/')"
+        )
+    doubled = sorted({x for x in v if v.count(x) > 1})
+    return f"names {doubled} more than once" if doubled else None
+
+
 IMAGE_FIELDS = {
     "base": _Field(_is_image_ref, required=True),
     "digest": _Field(_is_digest),
@@ -649,6 +681,8 @@ IMAGE_FIELDS = {
     "python": _Field(_is_str),
     "prefix": _Field(_is_abs_path),
     "docker_dir": _Field(_is_str),
+    "env": _Field(_is_image_env),
+    "volumes": _Field(_is_volume_list),
 }
 BUILDER_FIELDS = {
     "image": _Field(_is_image_ref, required=True),
@@ -884,7 +918,15 @@ def _parse_images(
             python=raw_image.get("python", "python3"),
             prefix=raw_image.get("prefix", "/opt/reprostack"),
             docker_dir=lock_dir / raw_image.get("docker_dir", "docker"),
+            env=dict(raw_image.get("env", {})),
+            volumes=tuple(raw_image.get("volumes", [])),
         )
+    if isinstance(raw_image, dict):
+        prefix, volumes = raw_image.get("prefix", "/opt/reprostack"), raw_image.get("volumes", [])
+        if _is_abs_path(prefix) is None and _is_volume_list(volumes) is None:
+            for volume in volumes:  # a mount there would hide the venv, or part of it
+                if PurePosixPath(volume).is_relative_to(prefix) or PurePosixPath(prefix).is_relative_to(volume):
+                    p.add("image", f"volume {volume!r} overlaps the venv at prefix {prefix!r}: mount it elsewhere")
     if isinstance(raw_builder, dict) and p.check_table("builder", raw_builder, BUILDER_FIELDS):
         builder = BuilderSpec(
             image=raw_builder["image"],

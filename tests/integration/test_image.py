@@ -276,6 +276,24 @@ def test_inputs_that_change_the_image_and_switching_back(built: Workspace, base_
     assert "built image" not in back.stdout and "-- image" in back.stdout, back.stdout
 
 
+def test_the_locks_env_and_volumes_are_in_the_image(built: Workspace, base_id: str) -> None:
+    """[image] env and volumes (the improve-muon recipe's torch.compile cache): set in the image's config."""
+    ws = built
+    before = ws.lock.read_text()
+    try:
+        ws.lock.write_text(
+            before + 'env = { TORCHINDUCTOR_CACHE_DIR = "/var/cache/torch-compile/inductor" }\n'
+            'volumes = ["/var/cache/torch-compile"]\n'
+        )
+        tag = image_tag(ws.doit("image", f"base={base_id}").stdout)
+        config = json.loads(_docker("image", "inspect", tag).stdout)[0]["Config"]
+        assert config["Volumes"] == {"/var/cache/torch-compile": {}}
+        out = _docker("run", "--rm", "--network", "none", tag, "sh", "-c", "echo $TORCHINDUCTOR_CACHE_DIR $VIRTUAL_ENV")
+        assert out.stdout.split() == ["/var/cache/torch-compile/inductor", "/opt/reprostack"]
+    finally:
+        ws.lock.write_text(before)
+
+
 def test_base_must_be_pinned_and_present(built: Workspace, base_id: str) -> None:
     ws = built
     before = labelled_images()

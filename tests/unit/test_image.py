@@ -5,6 +5,8 @@ The layer, config and docker-archive writers are tested in test_layer.py."""
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,16 @@ import pytest
 
 from tasks.builder import BUILD_ENV, Builder, build_env, run_arguments
 from tasks.errors import LockError, ReproError
-from tasks.image import BasePin, Wheelhouse, failed_install_step, image_labels, key_document, wheelhouse_problems
+from tasks.image import (
+    BasePin,
+    Plan,
+    Wheelhouse,
+    failed_install_step,
+    image_labels,
+    key_document,
+    plan_config,
+    wheelhouse_problems,
+)
 from tasks.imageref import label_key, parse_reference
 from tasks.keys import action_key, canonical_json
 from tasks.keys import key_document as action_key_document
@@ -148,6 +159,59 @@ def test_image_and_builder_problems_are_all_reported() -> None:
     assert "prefix must be an absolute path inside the image, got 'opt'" in text
     assert "[builder] image" in text and "lowercase" in text
     assert "[builder] python must be a string" in text
+
+
+CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "/var/cache/torch-compile/inductor", "TRITON_CACHE_DIR": "/var/cache/tc/t"}
+
+
+def test_image_env_and_volumes_parse_and_every_bad_one_is_reported() -> None:
+    table = {"base": "nvcr.io/nvidia/pytorch:25.09-py3", "env": CACHE_ENV, "volumes": ["/var/cache/torch-compile"]}
+    lock = parse_lock(lock_doc(image=table), path=Path("sources.lock"), check_files=False, require_pins=False)
+    assert lock.image is not None
+    assert (lock.image.env, lock.image.volumes) == (CACHE_ENV, ("/var/cache/torch-compile",))
+    bad = lock_doc(image={"base": "a/b:1", "env": {"PATH": "/x", "1X": "y"}, "volumes": ["/a/", "/a/"]})
+    with pytest.raises(LockError) as err:
+        parse_lock(bad, path=Path("sources.lock"), check_files=False, require_pins=False)
+    text = str(err.value)
+    assert "[image] env has invalid variable names ['1X']" in text
+    assert "[image] volumes has paths ['/a/', '/a/'] that are not absolute paths in plain form" in text
+    for volumes, problem in (
+        (["/opt/reprostack/cache"], "volume '/opt/reprostack/cache' overlaps the venv at prefix '/opt/reprostack'"),
+        (["/opt"], "volume '/opt' overlaps the venv"),
+        (["tmp"], "volumes has paths ['tmp']"),
+        (["/c", "/c"], "volumes names ['/c'] more than once"),
+    ):
+        with pytest.raises(LockError, match=re.escape(problem)):
+            parse_lock(lock_doc(image={"base": "a/b:1", "volumes": volumes}), path=Path("l.lock"), check_files=False)
+    with pytest.raises(LockError, match=re.escape("[image] env may not set ['VIRTUAL_ENV']")):
+        parse_lock(lock_doc(image={"base": "a/b:1", "env": {"VIRTUAL_ENV": "/x"}}), path=Path("l.lock"))
+
+
+def test_the_image_config_carries_the_locks_env_and_volumes() -> None:
+    """What `doit image` writes as the config (tasks/image.py plan_config) from a lock's [image] env and volumes."""
+    table = {"base": "a/b:1", "env": CACHE_ENV, "volumes": ["/var/cache/torch-compile"]}
+    spec = parse_lock(lock_doc(image=table), path=Path("l.lock"), check_files=False).image
+    assert spec is not None
+    base = {
+        "Architecture": "amd64",
+        "Os": "linux",
+        "RootFS": {"Layers": ["sha256:" + "a" * 64]},
+        "Config": {"Env": ["PATH=/usr/bin:/bin", "TRITON_CACHE_DIR=/root/.triton"], "Volumes": {"/data": {}}},
+    }
+    plan = Plan(spec=spec, base=PIN, key="k" * 64, labels={"l": "v"}, document={})
+    config = json.loads(plan_config(plan, base, [{"created_by": "base"}], "sha256:" + "c" * 64, 2))["config"]
+    assert config["Env"] == [
+        "PATH=/opt/reprostack/bin:/usr/bin:/bin",
+        "TRITON_CACHE_DIR=/var/cache/tc/t",  # the lock's value in place of the base's
+        "VIRTUAL_ENV=/opt/reprostack",
+        "TORCHINDUCTOR_CACHE_DIR=/var/cache/torch-compile/inductor",
+    ]
+    assert config["Volumes"] == {"/data": {}, "/var/cache/torch-compile": {}}
+    # They are part of the image's key; a lock without them keeps the key it had.
+    house = Wheelhouse(root=Path("w"), manifest={"wheels": []}, requirements_sha256="0" * 64)
+    docs = [key_document(spec=s, base=PIN, house=house, docker_tree="1", labels={}) for s in (spec, SPEC)]
+    assert docs[0]["image"]["env"] == CACHE_ENV and docs[0]["image"]["volumes"] == ["/var/cache/torch-compile"]
+    assert set(docs[1]["image"]) == {"name", "python", "prefix"}
 
 
 def test_a_missing_digest_does_not_block_other_tasks() -> None:
