@@ -39,6 +39,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from tasks import pypi
+from tasks.cache import rmtree, warn
 from tasks.errors import LockError, VerificationError
 from tasks.lockfile import Runtime
 from tasks.treehash import file_sha256
@@ -296,13 +297,18 @@ def unmet(requires: Iterable[str], available: Mapping[str, str], target: Target)
 def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | None, target: Target) -> Path:
     """One file of ``pin`` in ``store`` (``<sha256>/<file>``): the store's, the mirror's, or downloaded.
 
-    Whatever the origin, the file's sha256 must be one the lock pins; a mismatch is refused and
-    nothing is kept.
+    Whatever the origin, the file's sha256 must be one the lock pins: a stored file is hashed again
+    before it is used (one changed since it was stored is discarded and fetched again, as
+    :meth:`tasks.cache.Cache.fetched_wheel` does), and a fetched one that differs is refused, nothing kept.
     """
     for sha in pin.hashes:
-        found = sorted((store / sha).glob("*.whl")) if (store / sha).is_dir() else []
-        if found:
-            return found[0]
+        folder = store / sha
+        for path in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
+            if file_sha256(path) == sha:
+                return path
+            warn(f"corrupted fetched wheel {path}: its sha256 changed; discarded, it is fetched again")
+            rmtree(folder)
+            break
     candidates: list[tuple[str, str]] = []  # (source, filename)
     if mirror is not None and (mirror / "wheels").is_dir():
         for path in sorted((mirror / "wheels").glob("*.whl")):
@@ -340,9 +346,7 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
             (final / "origin").write_text(origin + "\n")
             return final / filename
     finally:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
+        rmtree(tmp)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
