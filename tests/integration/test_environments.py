@@ -97,6 +97,48 @@ def test_closure_installs_offline_and_verifies_in_isolation(workspace: Workspace
     assert "repro_round-0.1.0-py3-none-any.whl: missing" in res.stdout
 
 
+def test_isolated_verify_names_each_requirement_the_closure_lacks(workspace: Workspace) -> None:
+    """A lock whose resolved pins lost part of the closure (a hand edit, a bad merge; resolved_from does not
+    cover the pins): `doit wheels` places what is pinned, and isolated `doit verify` fails naming each
+    requirement that nothing in the venv meets."""
+    ws = workspace
+    ws.lock.write_text(
+        ws.lock.read_text().replace('provided = ["torch"]', "provided = []")
+        + "\n[profiles.closure]\n"  # the closure alone: no package of ours, whose needs `doit wheels` checks
+        + "".join(f"[profiles.closure.packages.{p}]\nenabled = false\n" for p in ("repro_pure", "repro_pybind",
+                                                                                  "repro_cuda", "repro_torchext"))
+    )  # fmt: skip
+    ws.doit("lock")
+    ws.lock.write_text(re.sub(r'\n\s*"repro-(colors|shapes|round)==[^"]*",', "", ws.lock.read_text()))
+    assert sorted(pins(ws)) == ["repro-greeting"]
+    ws.doit("wheels", "profile=closure")
+    res = ws.doit("-s", "verify", "profile=closure", "gpu=off", "isolated=on", check=False)
+    assert res.returncode == 17, res.stdout + res.stderr
+    rows = {
+        (r["package"], r["check"]): r
+        for r in json.loads((ws.root / "build" / "verify" / "report.json").read_text())["rows"]
+    }
+    assert rows[("closure", "install")]["status"] == "PASS"  # what the wheelhouse holds installed
+    assert rows[("closure", "deps")]["status"] == "FAIL"
+    assert rows[("closure", "deps")]["detail"] == (
+        "the closure lacks: repro-greeting needs repro-colors>=1.0 (not installed); "
+        "repro-greeting needs repro-shapes[round]>=0.2 (not installed) (add it to [runtime] and run `doit lock`)"
+    )
+    assert "closure deps: the closure lacks: repro-greeting needs repro-colors>=1.0" in res.stdout + res.stderr
+
+
+def test_resolved_pins_of_a_distribution_the_lock_builds_are_refused(workspace: Workspace) -> None:
+    """The closure may not carry a second copy of a wheel we build (a stale resolution, a hand edit)."""
+    ws = workspace
+    pure_only(ws)
+    ws.edit_lock("resolved = [\n", f'resolved = [\n    "repro-pure==0.1.0 --hash=sha256:{"0" * 64}",\n')
+    res = ws.doit("wheels", "profile=pure", check=False)
+    assert res.returncode == 11, res.stdout + res.stderr  # LockError
+    assert "[runtime] resolved pins repro-pure, which this lock builds itself" in res.stderr, res.stderr
+    assert "doit lock update=runtime" in res.stderr
+    assert not (ws.wheels / "manifest.json").exists()
+
+
 def served_copy(published: Path, dest: Path) -> Path:
     shutil.copytree(published, dest)
     return dest
