@@ -10,7 +10,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +42,7 @@ def git_env() -> dict[str, str]:
     return env
 
 
-#: The most a git command may take in all, however it goes (a safety net behind the low-speed limit).
+#: The most a git command may take in all, however it goes (a safety net behind the stall bounds).
 GIT_DEADLINE = 3 * 3600.0
 _STALLED = re.compile(r"Operation too slow|Operation timed out|Connection timed out|timed out after")
 
@@ -73,57 +76,149 @@ def _has_commit(repo: Path, commit: str) -> bool:
     return res.returncode == 0
 
 
+class _StallWatch:
+    """Stops a git command whose process group reads no byte and uses no CPU for ``limit`` seconds.
+
+    curl's low-speed limit bounds http(s) only; git://, ssh:// and scp-style URLs have no such setting,
+    and a server that accepts the connection and then sends nothing leaves git (or its ssh) blocked in
+    read() for good. Every process of the command's group is watched (git, ssh, index-pack,
+    git-remote-http): bytes read (``rchar`` of /proc/PID/io, sockets and pipes included), CPU time
+    (index-pack resolving deltas reads its pack through mmap) and the log's size. When none of them
+    moves for ``limit`` seconds the group gets SIGTERM (git removes its lock files), then SIGKILL.
+    """
+
+    def __init__(self, log: Path, limit: float) -> None:
+        self.log = log
+        self.limit = limit
+        self.fired = False
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, pgid: int) -> None:
+        self._thread = threading.Thread(target=self._watch, args=(pgid,), daemon=True, name=f"git-watch-{pgid}")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self, pgid: int) -> None:
+        last: object = None
+        since = time.monotonic()
+        while not self._done.wait(min(1.0, self.limit / 4)):
+            now = _activity(pgid, self.log)
+            if now is None:  # the group has ended
+                return
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= self.limit:
+                self.fired = True
+                _stop_group(pgid)
+                return
+
+
+def _group(pgid: int) -> list[tuple[int, list[str]]]:
+    """(pid, fields of /proc/PID/stat after the command name) of the live processes of group ``pgid``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].decode().split()
+        if len(fields) > 12 and fields[2] == str(pgid) and fields[0] != "Z":
+            found.append((int(name), fields))
+    return found
+
+
+def _activity(pgid: int, log: Path) -> tuple[object, ...] | None:
+    """What changes while group ``pgid`` makes progress (see :class:`_StallWatch`); None when it has ended."""
+    members = _group(pgid)
+    if not members:
+        return None
+    seen: list[object] = []
+    for pid, fields in members:
+        rchar = -1
+        try:
+            with open(f"/proc/{pid}/io") as fh:
+                rchar = next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+        except (OSError, StopIteration, ValueError):
+            pass  # gone meanwhile, or no I/O accounting: CPU time and the log still count
+        seen.append((pid, rchar, int(fields[11]) + int(fields[12])))  # utime + stime, in clock ticks
+    try:
+        seen.append(log.stat().st_size)
+    except OSError:
+        pass
+    return tuple(seen)
+
+
+def _stop_group(pgid: int, grace: float = 2.0) -> None:
+    """SIGTERM to group ``pgid``, then SIGKILL to what is left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group(pgid):
+            time.sleep(0.05)
+        if not _group(pgid):
+            return
+
+
+class _Stalled(FetchError):
+    """A ``git fetch`` that received nothing for REPRO_NET_TIMEOUT seconds and was stopped."""
+
+
+def _fetch(repo: Path, url: str, args: list[str], log: Path, what: str) -> None:
+    """``git fetch --no-tags ARGS`` from ``url``, bounded in time on every transport (:class:`_Stalled`)."""
+    watch = _StallWatch(log, TIMEOUT)
+    try:
+        proc.run(
+            ["git", "--git-dir", str(repo), "fetch", "--no-tags", *args],
+            env=git_env(),
+            log=log,
+            error=FetchError,
+            what=what,
+            on_start=watch.start,
+            timeout=GIT_DEADLINE,
+        )
+    except FetchError:
+        if watch.fired or _stalled(log):
+            raise _Stalled(
+                f"git fetch {url}: the server stopped sending: no data for {TIMEOUT:g} s (REPRO_NET_TIMEOUT); "
+                f"git was stopped. Check the URL and your network, raise REPRO_NET_TIMEOUT for a slow link, "
+                f"or use mirror=DIR. Full log: {log}"
+            ) from None
+        raise
+    finally:
+        watch.stop()
+
+
 def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
-    """Make ``commit`` of ``url`` present in the bare repository ``repo``."""
+    """Make ``commit`` of ``url`` present in the bare repository ``repo``.
+
+    Each ``git fetch`` gives up after REPRO_NET_TIMEOUT seconds without data, on every transport
+    (:class:`_StallWatch`; curl's low-speed limit too for http(s)), and after GIT_DEADLINE in all.
+    """
     if not repo.exists():
         repo.parent.mkdir(parents=True, exist_ok=True)
         proc.check_output(["git", "init", "--bare", "-q", str(repo)], env=git_env(), error=FetchError)
     if _has_commit(repo, commit):
         return
-    env = git_env()
     try:
         # Servers that allow fetching by commit (GitHub does) send only what is needed.
-        proc.run(
-            [
-                "git",
-                "--git-dir",
-                str(repo),
-                "fetch",
-                "--no-tags",
-                "--depth=1",
-                url,
-                commit,
-            ],
-            env=env,
-            log=log,
-            error=FetchError,
-            what=f"git fetch {url} {commit}",
-            timeout=GIT_DEADLINE,
-        )
-    except FetchError as exc:
-        if _stalled(log):
-            raise FetchError(
-                f"git fetch {url}: the server stopped sending: no data for {TIMEOUT:g} s (REPRO_NET_TIMEOUT); "
-                f"check the URL and your network, or use mirror=DIR\n{exc.message}"
-            ) from None
+        _fetch(repo, url, ["--depth=1", url, commit], log, what=f"git fetch {url} {commit}")
+    except _Stalled:
+        raise
+    except FetchError:
         # Dumb-HTTP and restrictive servers: fetch every branch and tag instead.
-        proc.run(
-            [
-                "git",
-                "--git-dir",
-                str(repo),
-                "fetch",
-                "--no-tags",
-                url,
-                "+refs/heads/*:refs/remotes/src/*",
-                "+refs/tags/*:refs/tags/*",
-            ],
-            env=env,
-            log=log,
-            error=FetchError,
-            what=f"git fetch {url}",
-            timeout=GIT_DEADLINE,
-        )
+        refspecs = ["+refs/heads/*:refs/remotes/src/*", "+refs/tags/*:refs/tags/*"]
+        _fetch(repo, url, [url, *refspecs], log, what=f"git fetch {url}")
     if not _has_commit(repo, commit):
         raise FetchError(f"{url}: commit {commit} not found on the server (is the pin right? was history rewritten?)")
 

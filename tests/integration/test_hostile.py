@@ -44,14 +44,14 @@ def tiny_lock(root: Path, source: str) -> Path:
 
 
 def doit(
-    root: Path, lock: Path, cache: Path, *args: str, env: dict[str, str] | None = None
+    root: Path, lock: Path, cache: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "REPRO_"))}
     return subprocess.run(
         [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), *args,
          f"lock={lock}", f"cache={cache}"],
         env={**base, "PIP_CONFIG_FILE": os.devnull, **(env or {})},
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, check=False,
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
     )  # fmt: skip
 
 
@@ -204,6 +204,29 @@ def test_git_server_that_stops_sending_fails_in_bounded_time(tmp_path: Path, sil
     assert res.returncode == 12, res.stdout + res.stderr  # FetchError
     assert "the server stopped sending: no data for 3 s (REPRO_NET_TIMEOUT)" in res.stderr, res.stderr
     assert took < 120
+
+
+@pytest.mark.parametrize("scheme", ["git", "ssh"])
+def test_git_and_ssh_servers_that_stop_sending_fail_in_bounded_time(
+    tmp_path: Path, silent_server: int, scheme: str
+) -> None:
+    """git:// and ssh:// have no low-speed limit of curl's: a server that accepts and never sends is cut off
+    after REPRO_NET_TIMEOUT seconds without a byte read, and the error names the limit."""
+    env = {"REPRO_NET_TIMEOUT": "3"}
+    if scheme == "ssh":
+        if not shutil.which("ssh"):
+            pytest.skip("no ssh client here (git:// covers the same bound)")
+        env["GIT_SSH_COMMAND"] = "ssh -F /dev/null -o BatchMode=yes"  # nothing of the user's ssh settings
+    ws = tmp_path / "ws"
+    url = f"{scheme}://127.0.0.1:{silent_server}/x.git"
+    lock = tiny_lock(ws, f'kind = "git"\nurl = "{url}"\ncommit = "{"a" * 40}"\ntree_sha256 = "{ZERO}"')
+    started = time.monotonic()
+    res = doit(ws, lock, tmp_path / "cache", "fetch:evil", env=env, timeout=90)
+    took = time.monotonic() - started
+    assert res.returncode == 12, res.stdout + res.stderr  # FetchError
+    assert f"git fetch {url}: the server stopped sending: no data for 3 s (REPRO_NET_TIMEOUT)" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert took < 60, took
 
 
 def test_changed_byte_in_the_cached_source_is_not_built(workspace: Workspace) -> None:
