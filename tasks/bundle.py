@@ -9,7 +9,7 @@ already) holding one directory::
         wheels/          the wheelhouse: wheels, manifest.json, simple/, requirements.txt,
                          sbom.cdx.json, provenance/
         image/           the exported image (docker-archive, OCI layout), with bundle_image=on
-        mirror/          the source mirror (trees/, archives/, index.json), with bundle_mirror=on
+        mirror/          what `doit mirror` writes (trees/, archives/, wheels/, index.json), with bundle_mirror=on
         SHA256SUMS       every other file's sha256 (`sha256sum -c` input)
 
 and ``<bundle>.sha256`` beside it for checking the transfer. Entries are

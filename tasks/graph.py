@@ -313,41 +313,64 @@ def _do_fetch(name: str) -> None:
     )
 
 
-@guarded
-def _do_mirror() -> None:
+def _write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[str]:
+    """Write what `doit mirror` writes into ``dest`` (also the bundle's ``mirror/``): the profile's sources,
+    the wheels of the hermetic toolchain and of the runtime closure; yield one line per item. A closure
+    wheel comes from the cache, else ``source`` (a mirror's ``wheels/``), else the package index."""
     from tasks.hermetic import mirror_wheels
     from tasks.sources import export_mirror
 
-    _require_pins()
-    ctx = context()
-    if ctx.settings.mirror is None:
-        raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
     sources = [ctx.lock.sources[n] for n in ctx.lock.sources_for(ctx.settings.profile)]
-    for line in export_mirror(sources, cache=ctx.cache, mirror=ctx.settings.mirror):
-        print(f"  {line}", flush=True)
+    for line in export_mirror(sources, cache=ctx.cache, mirror=dest):
+        yield f"  {line}"
     pins = ctx.lock.toolchain.hermetic
     if pins:
-        print(f"hermetic toolchain: the wheels of {len(pins)} pins into {ctx.settings.mirror / 'wheels'}", flush=True)
-        for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=ctx.settings.mirror):
-            print(f"  {line}", flush=True)
+        yield f"hermetic toolchain: the wheels of {len(pins)} pins into {dest / 'wheels'}"
+        if source is not None and source != dest and (source / "wheels").is_dir():
+            _copy_pinned_wheels(source / "wheels", dest / "wheels", {h for pin in pins for h in pin.hashes})
+        for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=dest):
+            yield f"  {line}"
     runtime = ctx.runtime
     if runtime is not None and runtime.resolved:
         from tasks import closure
 
         target = closure.target_of(runtime)
-        dest = ctx.settings.mirror / "wheels"
-        dest.mkdir(parents=True, exist_ok=True)
+        wheels = dest / "wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
         total = 0
         for pin in runtime.resolved:
             path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), ctx.cache.fetched,
-                                 mirror=ctx.settings.mirror, indexes=None, target=target)  # fmt: skip
-            if not (dest / path.name).is_file():
-                tmp = dest / f".{path.name}.tmp"
+                                 mirror=source, indexes=None, target=target)  # fmt: skip
+            if not (wheels / path.name).is_file():
+                tmp = wheels / f".{path.name}.tmp"
                 shutil.copyfile(path, tmp)
-                os.replace(tmp, dest / path.name)
+                os.replace(tmp, wheels / path.name)
             total += path.stat().st_size
-        print(f"  runtime closure: {len(runtime.resolved)} wheels in {dest} ({total / 1e6:.1f} MB)", flush=True)
-    print(f"mirror written to {ctx.settings.mirror}", flush=True)
+        yield f"  runtime closure: {len(runtime.resolved)} wheels in {wheels} ({total / 1e6:.1f} MB)"
+
+
+def _copy_pinned_wheels(src: Path, dest: Path, hashes: set[str]) -> None:
+    """Copy the wheels of ``src`` whose sha256 is one of ``hashes`` into ``dest`` (so none is downloaded again)."""
+    from tasks.treehash import file_sha256
+
+    for path in sorted(src.glob("*.whl")):
+        if not (dest / path.name).is_file() and file_sha256(path) in hashes:
+            dest.mkdir(parents=True, exist_ok=True)
+            tmp = dest / f".{path.name}.tmp"
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, dest / path.name)
+
+
+@guarded
+def _do_mirror() -> None:
+    _require_pins()
+    ctx = context()
+    mirror = ctx.settings.mirror
+    if mirror is None:
+        raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
+    for line in _write_mirror(ctx, mirror, source=mirror):  # what the mirror already holds is kept
+        print(line, flush=True)
+    print(f"mirror written to {mirror}", flush=True)
 
 
 @guarded
@@ -483,12 +506,11 @@ def _do_bundle() -> None:
             raise BundleError(f"the exported image is missing from {export} ({', '.join(missing)}): run `doit export`")
     mirror_dir = None
     with tempfile.TemporaryDirectory(prefix="bundle-mirror-") as tmp:
-        if st.bundle_mirror:
-            from tasks.sources import export_mirror
-
+        if st.bundle_mirror:  # what `doit mirror` writes for this profile
             mirror_dir = Path(tmp) / "mirror"
-            for _line in export_mirror(list(ctx.lock.sources.values()), cache=ctx.cache, mirror=mirror_dir):
-                pass
+            print(f"the bundle's mirror/, as `doit mirror` writes it for profile {st.profile}:", flush=True)
+            for line in _write_mirror(ctx, mirror_dir, source=st.mirror):
+                print(line, flush=True)
         info = {"lock": ctx.lock.path.name, "lock_sha256": ctx.lock.sha256, "profile": st.profile}
         path, digest = write_bundle(
             out, wheels=st.wheels, image=image, mirror=mirror_dir, lock=ctx.lock.path, info=info

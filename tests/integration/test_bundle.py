@@ -8,8 +8,11 @@ import sys
 import tarfile
 from pathlib import Path
 
-from conftest import REPO, copy_cache, make_workspace
+from conftest import REPO, Workspace, copy_cache, make_workspace
+from fake_wheels import publish_fake_toolchain
+from serve import FixtureServer
 
+from tasks.lockfile import load_lock
 from tasks.treehash import file_sha256
 
 
@@ -39,6 +42,11 @@ def _retar(src: Path, dest: Path, *, change: str | None = None, add: str | None 
             tout.addfile(info, io.BytesIO(b"evil"))
 
 
+def _listing(root: Path) -> dict[str, str]:
+    """Every file under ``root`` and its sha256."""
+    return {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_path: Path, server: object) -> None:
     ws = make_workspace(tmp_path / "ws", copy_cache(quick_cache, tmp_path / "cache"), server.url)  # type: ignore[attr-defined]
     ws.doit("wheels", "profile=quick")
@@ -60,6 +68,14 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
         assert file_sha256(dest / "wheels" / wheel["filename"]) == wheel["sha256"]
     assert (dest / "wheels" / "sbom.cdx.json").is_file()
     assert (dest / "mirror" / "index.json").is_file()
+    # The bundle's mirror is what `doit mirror` writes: the profile's sources and the runtime closure's wheels.
+    closure = [w for w in manifest["wheels"] if w["origin"] == "fetched"]
+    assert len(closure) == 4, manifest["wheels"]  # repro-colors, -greeting, -round, -shapes
+    for wheel in closure:
+        assert file_sha256(dest / "mirror" / "wheels" / wheel["filename"]) == wheel["sha256"], wheel["filename"]
+    mirror = tmp_path / "mirror"
+    ws.doit("mirror", "profile=quick", f"mirror={mirror}")
+    assert _listing(dest / "mirror") == _listing(mirror)
     assert (dest / "lock" / "example.lock").read_text() == ws.lock.read_text()
 
     # Refused: a changed wheel, an extra file, a truncated transfer; nothing is left behind.
@@ -93,3 +109,37 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
     )
     assert plain.returncode == 0, plain.stderr
     assert (tmp_path / "plain" / "wheels" / wheel_name).is_file()
+
+
+HERMETIC_LOCK = """\
+format = 1
+[toolchain]
+archs = ["sm_90a"]
+[toolchain.hermetic]
+requirements = ["fake-cuda-tool==1.0", "fake-cuda-rt==2.0"]
+[sources]
+[packages]
+"""
+
+
+def test_the_bundles_mirror_carries_the_hermetic_toolchain_from_the_mirror_it_is_given(tmp_path: Path) -> None:
+    """bundle_mirror=on with mirror=DIR (a `doit mirror` directory): its toolchain wheels go into the bundle,
+    taken from DIR, so the bundle is made with no index at all."""
+    served = tmp_path / "index"
+    wheels = publish_fake_toolchain(served)
+    ws = Workspace(root=tmp_path / "ws", cache=tmp_path / "cache", index_url="")
+    ws.root.mkdir()
+    ws.lock.write_text(HERMETIC_LOCK)
+    mirror = tmp_path / "mirror"
+    with FixtureServer(served) as server:
+        ws.index_url = f"{server.url}/simple"
+        ws.doit("lock")
+        ws.doit("mirror", f"mirror={mirror}")
+    ws.index_url = "http://127.0.0.1:9/simple"  # the server is gone: nothing can be downloaded
+    ws.doit("wheels")
+    ws.doit("bundle", f"mirror={mirror}", "bundle_mirror=on")
+    (bundle,) = (ws.root / "build" / "bundle").glob("*.tar")
+    ws.doit("unbundle", f"bundle={bundle}", f"dest={tmp_path / 'site'}")
+    assert _listing(tmp_path / "site" / "mirror" / "wheels") == _listing(mirror / "wheels")
+    pinned = {h for pin in load_lock(ws.lock).toolchain.hermetic for h in pin.hashes}
+    assert set(_listing(mirror / "wheels").values()) == pinned and wheels["rt"].name in _listing(mirror / "wheels")
