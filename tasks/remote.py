@@ -11,7 +11,10 @@ Trust: the server is trusted for the mapping action key -> sha256 (whoever
 can write ``ac/`` decides which wheel a key gets, so give write access to
 trusted builders only). Everything else is checked before use: the record
 must name this key (its key document hashes to it), a plain wheel file name
-and a size; the blob must have exactly that size and sha256. Anything else
+of the package's distribution and a size; the blob must have exactly that size
+and sha256, and its own ``*.dist-info/METADATA`` must name that distribution
+(a record may keep the right file name and point at another project's valid
+blob). Anything else
 is a loud warning and a local build. A network error, a timeout or a server
 error is a warning too: the remote is then not consulted again in this run,
 and the package builds locally. A remote never fails a build that could be
@@ -31,8 +34,11 @@ import json
 import re
 import threading
 import time
+import zipfile
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -102,8 +108,8 @@ class Remote:
     def restore(self, cache: Cache, package: str, key: str, distribution: str = "") -> WheelEntry | None:
         """The wheel for ``key`` from the remote, verified and put into ``cache``; None: build locally.
 
-        ``distribution`` (the package's wheel project name) must be the restored wheel's: a record
-        naming another package's valid blob is refused.
+        ``distribution`` (the package's wheel project name) must be the restored wheel's, by the record's
+        file name and by the wheel's own METADATA: a record pointing at another package's valid blob is refused.
         """
         if self._off:
             return None
@@ -126,6 +132,9 @@ class Remote:
             with cache.staging(f"remote-{package}") as tmp:
                 path = tmp / record["filename"]
                 problem = self._download(f"cas/{record['sha256']}", path, record["size"], record["sha256"])
+                if problem is None:
+                    # The record's file name is the server's word; the wheel's own METADATA says what it is.
+                    problem = wheel_name_problem(path, distribution or found)
                 if problem is not None:
                     warn(
                         f"remote blob {self.url}/cas/{record['sha256']} for {package} rejected: {problem}; "
@@ -208,6 +217,29 @@ class Remote:
             self._off = True
         if first:
             warn(f"remote cache {self.url} unavailable ({problem}); not consulted again in this run, building locally")
+
+
+#: The most of a wheel's METADATA read for its Name (headers come first; the rest is the long description).
+METADATA_LIMIT = 1 << 20
+
+
+def wheel_name_problem(wheel: Path, distribution: str) -> str | None:
+    """Why ``wheel`` is not a wheel of ``distribution`` by its own ``*.dist-info/METADATA`` Name; None when it is."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            found = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            if len(found) != 1:
+                return f"the wheel holds {len(found)} top-level .dist-info/METADATA files, not one"
+            with zf.open(found[0]) as fh:
+                head = fh.read(METADATA_LIMIT)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, zlib.error) as exc:
+        return f"not a readable wheel ({exc})"
+    name = BytesHeaderParser().parsebytes(head).get("Name", "")
+    if not name.strip():
+        return f"its {found[0]} has no Name"
+    if canonicalize_name(name.strip()) != canonicalize_name(distribution):
+        return f"its {found[0]} names the project {name.strip()!r}, not {distribution!r}"
+    return None
 
 
 def _measure(path: Path) -> tuple[int, str]:

@@ -6,7 +6,10 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,8 @@ from tasks.keys import action_key
 from tasks.objcache import shared_remote
 from tasks.remote import Remote, S3Location, check_record, parse_s3_url, shard_packages
 from tasks.settings import load_settings, parse_shard
+
+REPO = Path(__file__).resolve().parents[2]
 
 DOC = {"package": "p", "recipe_format": 2}
 KEY = action_key(DOC)
@@ -211,3 +216,54 @@ def test_shards_balance_by_weight_heaviest_first() -> None:
     assert sorted(n for s in three for n in s) == sorted(names)
     # Unweighted packages spread by count, so no shard is left empty while another has two.
     assert shard_packages(names, (1, 2), {}) == shard_packages(names, (1, 2))
+
+
+def _wheel(path: Path, name: str) -> Path:
+    """A small, valid wheel of project ``name``."""
+    info = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}/__init__.py", f"NAME = {name!r}\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n\nA long description.\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_record_with_the_right_name_pointing_at_another_projects_blob_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server maps keys to blobs: a record for `p` that keeps p's file name but names the sha256 and size of
+    another project's valid wheel passes every record check; the wheel's own METADATA gives it away."""
+    server = subprocess.Popen([sys.executable, str(REPO / "scripts" / "cache_server.py"), str(tmp_path / "store")],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[-1]
+        writer = Remote(url, write=True, timeout=5)
+        built = Cache(tmp_path / "built")
+        other_doc = {"package": "other", "recipe_format": 2}
+        for key, doc, name in ((KEY, DOC, "p"), (action_key(other_doc), other_doc, "other")):
+            wheel = _wheel(tmp_path / f"{name}-1.0-py3-none-any.whl", name)
+            writer.upload(built.put_wheel(key, wheel, {"package": name}), name, doc)
+        record_file = tmp_path / "store" / "ac" / KEY
+        honest = record_file.read_bytes()
+        theirs = json.loads((tmp_path / "store" / "ac" / action_key(other_doc)).read_text())
+        forged = {**json.loads(honest), "sha256": theirs["sha256"], "size": theirs["size"]}
+        record_file.write_text(json.dumps(forged))
+        assert check_record(record_file.read_bytes(), KEY) == forged  # a well-formed record of this key
+
+        reader = Remote(url, write=False, timeout=5)
+        assert reader.restore(Cache(tmp_path / "fresh"), "p", KEY, distribution="p") is None
+        err = capsys.readouterr().err
+        assert f"remote blob {url}/cas/{theirs['sha256']} for p rejected: its other-1.0.dist-info/METADATA names the " \
+            "project 'other', not 'p'; it is not used, the package builds locally" in err, err  # fmt: skip
+        assert not list((tmp_path / "fresh").glob("wheels/*/*/*.whl"))
+
+        record_file.write_bytes(honest)  # the honest record restores
+        entry = reader.restore(Cache(tmp_path / "fresh"), "p", KEY, distribution="p")
+        assert entry is not None and entry.path.name == "p-1.0-py3-none-any.whl"
+    finally:
+        server.terminate()
+        server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
