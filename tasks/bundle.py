@@ -19,8 +19,10 @@ sorted, with fixed times and owners, so the same inputs give the same bundle.
 files and directories, all under ``reprostack-bundle/``: no links, devices,
 absolute names or ``..``), compares the file list with SHA256SUMS, then streams
 each file into a private temporary directory while hashing it, stops at the
-first that differs, and only then renames the directory into place; an altered
-bundle is refused and leaves nothing behind.
+first that differs, and only then renames the directory into place; a damaged
+bundle is refused and leaves nothing behind. SHA256SUMS travels inside the
+bundle, so only the ``.sha256`` (when it was obtained apart from the bundle)
+protects the content against someone who altered both (:func:`check_transfer`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import members
-from tasks.cache import rmtree, write_atomic
+from tasks.cache import rmtree, warn, write_atomic
 from tasks.errors import BundleError
 from tasks.treehash import file_sha256
 from tasks.wheelnorm import DEFAULT_EPOCH
@@ -138,9 +140,20 @@ def write_bundle(
 
 
 def check_transfer(bundle: Path) -> str | None:
-    """Compare the bundle with the ``.sha256`` file beside it, if there is one; the digest checked, or None."""
+    """Compare the bundle with the ``.sha256`` file beside it, if there is one; the digest checked, or None.
+
+    SHA256SUMS travels inside the bundle: whoever can alter the bundle can rewrite it to match, so it
+    catches damage, not tampering. Only a digest obtained apart from the bundle (the one `doit bundle`
+    printed, sent over another channel) protects the content. Without a ``.sha256`` the bundle is
+    unpacked on its SHA256SUMS alone, with a warning giving its sha256 to compare by hand.
+    """
     side = bundle.with_name(bundle.name + ".sha256")
     if not side.is_file():
+        warn(
+            f"no {side.name} beside {bundle}: its files are checked only against the SHA256SUMS it carries, "
+            f"which whoever altered it could have rewritten. Its sha256 is {file_sha256(bundle)}: compare it "
+            "with the one `doit bundle` printed, obtained apart from the bundle, before trusting what it holds"
+        )
         return None
     words = side.read_text().split()
     expected = words[0] if words else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from tasks import bundle
 from tasks.errors import BundleError
+from tasks.treehash import file_sha256
 
 
 def _bundle(tmp_path: Path) -> Path:
@@ -62,3 +64,38 @@ def test_changed_bytes_stop_the_unpacking(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match=r"sha256 differs: wheels/a-1\.0-py3-none-any\.whl"):
         bundle.unpack(tmp_path / "bad.tar", tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
+
+
+def test_sums_inside_the_bundle_do_not_protect_it_only_its_sha256_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle whose file and SHA256SUMS were both rewritten passes its own sums: without its `.sha256` it is
+    unpacked with a warning giving its digest; with the `.sha256` of the original it is refused."""
+    good = _bundle(tmp_path)
+    original = file_sha256(good)
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(good) as tin, tarfile.open(evil, "w", format=tarfile.GNU_FORMAT) as tout:
+        for info in tin.getmembers():
+            data = tin.extractfile(info).read() if info.isreg() else None  # type: ignore[union-attr]
+            if info.name.endswith(".whl"):
+                data = b"something else"
+            elif info.name.endswith(f"/{bundle.SUMS}"):
+                digest = hashlib.sha256(b"something else").hexdigest()
+                lines = [f"{digest}  {rel}" if rel.endswith(".whl") else line
+                         for line in data.decode().splitlines() for rel in [line.split("  ", 1)[1]]]  # fmt: skip
+                data = ("\n".join(lines) + "\n").encode()
+            if data is not None:
+                info.size = len(data)
+            tout.addfile(info, io.BytesIO(data) if data is not None else None)
+    bundle.unpack(evil, tmp_path / "dest")
+    assert (tmp_path / "dest" / "wheels" / "a-1.0-py3-none-any.whl").read_bytes() == b"something else"
+    err = capsys.readouterr().err
+    warning = (
+        f"WARNING: no evil.tar.sha256 beside {evil}: its files are checked only against the SHA256SUMS it carries, "
+        f"which whoever altered it could have rewritten. Its sha256 is {file_sha256(evil)}"
+    )
+    assert warning in err, err
+    (tmp_path / "evil.tar.sha256").write_text(f"{original}  b.tar\n")  # the digest `doit bundle` gave, out of band
+    with pytest.raises(BundleError, match=f"differs from evil.tar.sha256 \\({original}\\); refusing it"):
+        bundle.unpack(evil, tmp_path / "dest2")
+    assert not (tmp_path / "dest2").exists()
