@@ -8,6 +8,8 @@ the kinds of failure. Tracebacks are shown only when ``REPRO_DEBUG=1``.
 from __future__ import annotations
 
 import os
+import re
+from urllib.parse import urlsplit
 
 
 class ReproError(Exception):
@@ -33,6 +35,37 @@ class FetchError(ReproError):
     """A source could not be downloaded."""
 
     exit_code = 12
+
+
+#: What git (curl) and requests say when no connection can be made at all: no name resolution, or no
+#: network, a closed port.
+_NO_NAME = re.compile(
+    r"Could not resolve (?:host|proxy)|Temporary failure in name resolution|Name or service not known|Failed to resolve"
+)
+_NO_CONNECTION = re.compile(
+    r"Failed to connect|Couldn't connect to server|Connection refused|Network is unreachable|No route to host"
+    r"|Failed to establish a new connection"
+)
+
+
+def unreachable(url: str, detail: str) -> FetchError | None:
+    """The error for a host this machine cannot connect to (``detail``, a tool's output, says so), else None.
+
+    It names the host, not the source, its log or the tool: every source of that host fails the same way at
+    once, git's and the package index's alike, and a run says the same error once (tasks/graph.py).
+    """
+    host = urlsplit(url).hostname or url
+    if _NO_NAME.search(detail):
+        what = f"cannot resolve the name {host}"
+    elif _NO_CONNECTION.search(detail):
+        what = f"cannot connect to {host}"
+    else:
+        return None
+    return FetchError(
+        f"{what}: no network to it from here. Without network, build from a mirror made where there is one: "
+        "`doit mirror mirror=DIR` there, then `doit wheels mirror=DIR` here (docs/offline.md); behind a proxy, "
+        "set https_proxy."
+    )
 
 
 class VerificationError(ReproError):

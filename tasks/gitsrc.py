@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urljoin
 
 from tasks import members, proc
-from tasks.errors import FetchError, LockError, VerificationError
+from tasks.errors import FetchError, LockError, VerificationError, unreachable
 from tasks.pypi import TIMEOUT
 from tasks.treehash import FileFilter
 
@@ -216,6 +216,9 @@ def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
     except _Stalled:
         raise
     except FetchError:
+        no_route = unreachable(url, proc.tail(log, 20))
+        if no_route:
+            raise no_route from None
         # Dumb-HTTP and restrictive servers: fetch every branch and tag instead.
         refspecs = ["+refs/heads/*:refs/remotes/src/*", "+refs/tags/*:refs/tags/*"]
         _fetch(repo, url, [url, *refspecs], log, what=f"git fetch {url}")

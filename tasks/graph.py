@@ -39,7 +39,7 @@ from doit.exceptions import TaskFailed
 
 from tasks.cache import rmtree
 from tasks.context import Context
-from tasks.errors import BundleError, LockError, ReproError, debug_enabled
+from tasks.errors import BundleError, FetchError, LockError, ReproError, debug_enabled
 from tasks.lockfile import format_problems
 
 TaskDict = dict[str, Any]
@@ -118,8 +118,10 @@ def _once(message: str) -> str:
         first = _reported.setdefault(core, message)
     if first is message:
         return message
-    head = first.splitlines()[0]
-    return f"{subject.group(0) if subject else ''}the same error as above ({head[:120]})"
+    before = _SUBJECT.match(first)
+    if before:  # "source apex: the same error as source flash-attention, above"
+        return f"{subject.group(0) if subject else ''}the same error as {before.group(0)[:-2]}, above"
+    return f"{subject.group(0) if subject else ''}the same error as above ({first.splitlines()[0][:120]})"
 
 
 def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -141,7 +143,8 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
             with _reported_lock:
                 if not _exit_status:
                     _exit_status.append(exc.exit_code)
-            return TaskFailed(f"{exc.__class__.__name__} (exit status {exc.exit_code}); the message is above")
+            # Said above, once: doit's own report of the failure would repeat it for every task.
+            return TaskFailed(f"{exc.__class__.__name__} (exit status {exc.exit_code})", report=False)
         return None
 
     return wrapper
@@ -308,9 +311,10 @@ def _do_fetch(name: str) -> None:
     if src.kind == "wheel":
         ensure_wheel(src, cache=ctx.cache, mirror=ctx.settings.mirror)
         return
-    ensure_source(
-        ctx.lock.sources[name], cache=ctx.cache, mirror=ctx.settings.mirror, log=ctx.settings.logs / f"fetch-{name}.log"
-    )
+    try:
+        ensure_source(src, cache=ctx.cache, mirror=ctx.settings.mirror, log=ctx.settings.logs / f"fetch-{name}.log")
+    except FetchError as exc:
+        raise FetchError(f"source {name}: {exc.message}") from exc  # sources of one unreachable host: said once
 
 
 def _write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[str]:

@@ -18,7 +18,7 @@ from urllib.request import url2pathname
 
 from packaging.utils import canonicalize_name
 
-from tasks.errors import FetchError
+from tasks.errors import FetchError, unreachable
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 #: Seconds a connection may take to open and a transfer may go without data (REPRO_NET_TIMEOUT; git too).
@@ -112,6 +112,7 @@ def _read(url: str) -> bytes | None:
 def find_file(project: str, filename: str, indexes: list[str] | None = None) -> Link:
     """Look ``filename`` of ``project`` up in the configured indexes."""
     tried = []
+    no_route: list[FetchError] = []
     for index in indexes or pip_indexes():
         page = index.rstrip("/") + f"/{canonicalize_name(project)}/"
         tried.append(page)
@@ -119,12 +120,15 @@ def find_file(project: str, filename: str, indexes: list[str] | None = None) -> 
             body = _read(page)
         except OSError as exc:  # requests' errors are OSErrors
             tried[-1] += f" ({exc.__class__.__name__})"
+            no_route += filter(None, [unreachable(page, str(exc))])
             continue
         if body is None:
             continue
         for link in parse_simple_page(body.decode("utf-8", "replace"), page):
             if link.filename == filename:
                 return link
+    if no_route and len(no_route) == len(tried):
+        raise no_route[0]  # not "not found": no index could be asked
     raise FetchError(f"{filename} of project {project} not found in the package index(es): {', '.join(tried)}")
 
 
@@ -165,7 +169,9 @@ def project_files(project: str, indexes: list[str] | None = None) -> ProjectFile
         try:
             body = _read(page)
         except OSError as exc:  # requests' errors are OSErrors
-            raise FetchError(f"cannot read {page} ({exc.__class__.__name__}: {exc}); retry when it answers") from None
+            raise unreachable(page, str(exc)) or FetchError(
+                f"cannot read {page} ({exc.__class__.__name__}: {exc}); retry when it answers"
+            ) from None
         if body is None:
             continue
         found.append(page)
@@ -199,4 +205,4 @@ def download(url: str, dest: Path) -> None:
                 for chunk in resp.iter_content(1 << 20):
                     out.write(chunk)
     except OSError as exc:  # requests.RequestException is an OSError
-        raise FetchError(f"download of {url} failed: {exc}") from None
+        raise unreachable(url, str(exc)) or FetchError(f"download of {url} failed: {exc}") from None

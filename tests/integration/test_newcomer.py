@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -172,7 +173,26 @@ def test_one_cause_is_said_once(workspace: Workspace) -> None:
     err = res.stderr
     assert res.returncode == 16, res.stdout + err
     assert err.count("does not satisfy '>=9.0'") == 1, err
-    assert "the same error as above" in err, err
+    assert "the same error as" in err, err
+    assert "TaskFailed" not in res.stdout + err  # doit's own report would repeat it per task
+
+
+def test_no_network_is_said_once(tmp_path: Path) -> None:
+    """Every source's host unreachable (nothing listens on the port; offline, the same for github.com): one
+    error naming the host and what to do, one line for each other source, whatever fetched it (git, HTTP)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"  # free, nothing listening once closed
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", closed)
+    res = ws.doit("fetch", check=False)
+    err = res.stderr
+    assert res.returncode == 12, res.stdout + err  # FetchError
+    lines = [line for line in err.splitlines() if line.startswith("FetchError: ")]
+    full = [line for line in lines if "cannot connect to 127.0.0.1: no network to it" in line]
+    assert len(full) == 1 and "doit mirror mirror=DIR" in full[0], err
+    pointers = set(lines) - set(full)
+    assert all(re.fullmatch(r"FetchError: source \S+: the same error as source \S+, above", p) for p in pointers), err
+    assert "TaskFailed" not in res.stdout + err and "Traceback" not in err
 
 
 def test_venv_doit_finds_the_venv_tools() -> None:
