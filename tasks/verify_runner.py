@@ -66,25 +66,41 @@ def _packaging() -> tuple[Any, Any] | None:
 
 
 def _requirement_problems(dist: importlib.metadata.Distribution) -> list[str]:
-    """Requirements of ``dist`` that the environment does not satisfy."""
+    """Requirements of ``dist`` that the environment does not satisfy, with those of the extras it asks
+    for (``repro-shapes[round]``: what repro-shapes needs for ``round``, which ``pip --no-deps`` never saw)."""
     modules = _packaging()
     if modules is None:
         return ["cannot check requirements: neither packaging nor pip is importable"]
     requirements, versions = modules
     problems = []
-    for line in dist.requires or []:
+    todo: list[tuple[str, str, tuple[str, ...]]] = [(line, "", ()) for line in dist.requires or []]
+    followed = set()
+    while todo:
+        line, via, extras = todo.pop(0)
         try:
             req = requirements.Requirement(line)
         except requirements.InvalidRequirement as exc:
             problems.append(f"invalid requirement {line!r}: {exc}")
             continue
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        if via:  # only what the extra adds: the distribution's own requirements are checked as its own
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                continue
+            if not any(req.marker.evaluate({"extra": extra}) for extra in extras):
+                continue
+            shown = f"{req.name}{req.specifier} (for {via})"
+        elif req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
+        else:
+            shown = str(req)
         try:
             installed = importlib.metadata.version(req.name)
         except importlib.metadata.PackageNotFoundError:
-            problems.append(f"{req} (not installed)")
+            problems.append(f"{shown} (not installed)")
             continue
+        if req.extras and (req.name.lower(), tuple(sorted(req.extras))) not in followed:
+            followed.add((req.name.lower(), tuple(sorted(req.extras))))
+            asked = f"{req.name}[{','.join(sorted(req.extras))}]"
+            todo += [(sub, asked, tuple(sorted(req.extras))) for sub in importlib.metadata.requires(req.name) or []]
         if not req.specifier:
             continue
         try:
@@ -92,7 +108,7 @@ def _requirement_problems(dist: importlib.metadata.Distribution) -> list[str]:
         except versions.InvalidVersion:
             satisfied = False
         if not satisfied:
-            problems.append(f"{req} (installed: {installed})")
+            problems.append(f"{shown} (installed: {installed})")
     return problems
 
 
