@@ -187,6 +187,7 @@ def resolve(
         cmd = [
             sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
             "--disable-pip-version-check", "--no-input", "--report", str(work / "report.json"),
+            "--timeout", f"{pypi.TIMEOUT:g}",  # REPRO_NET_TIMEOUT, as every other network operation
             *target.pip_options(), "--target", str(work / "target"), "--find-links", str(stubs),
             "-r", str(work / "requirements.in"), "-c", str(work / "constraints.txt"),
         ]  # fmt: skip

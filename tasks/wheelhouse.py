@@ -233,6 +233,15 @@ def fetch_closure(ctx: Context, entries: Mapping[str, WheelEntry]) -> dict[str, 
                              indexes=None, target=target)  # fmt: skip
         origin = (path.parent / "origin").read_text().strip() if (path.parent / "origin").is_file() else ""
         found[pin.name] = (path, origin)
+    # The closure covers itself too (a pin lost in an edit of `resolved` would leave a wheel's need unmet).
+    for name, (path, _origin) in sorted(found.items()):
+        problems += [f"{name} {available[name]} requires {req}" for req in
+                     closure.unmet(closure.requires_dist(path), available, target)]  # fmt: skip
+    if problems:
+        raise LockError(
+            f"the runtime closure of {ctx.lock.path} does not cover itself:\n  - " + "\n  - ".join(problems)
+            + "\nRun `doit lock update=runtime` to resolve it again; nothing was written to wheels/."
+        )  # fmt: skip
     return found
 
 
