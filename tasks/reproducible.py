@@ -44,6 +44,7 @@ by the build stage.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -53,7 +54,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from tasks import proc
-from tasks.cache import warn
+from tasks.cache import warn, write_atomic
 from tasks.errors import BuildError
 
 #: Bump when anything below changes what a build produces.
@@ -99,13 +100,31 @@ def _mountpoint(path: PurePosixPath) -> bool:
     return True
 
 
+def _probe_memo() -> Path | None:
+    """Where this user, in these namespaces, keeps the last probe's answer (a no-op then starts no process)."""
+    try:
+        spaces = "-".join(str(os.stat(f"/proc/self/ns/{ns}").st_ino) for ns in ("user", "mnt"))
+    except OSError:
+        return None
+    return Path(CANONICAL_ROOT, f".method-{os.geteuid()}-{spaces}")
+
+
 @functools.cache
 def method() -> Method:
-    """How builds reach the canonical path on this host (probed once per process)."""
+    """How builds reach the canonical path on this host (probed once per user and namespace)."""
     if sys.platform != "linux" or not _mountpoint(CANONICAL_ROOT):
         return "prefix-map"
+    memo = _probe_memo()
+    try:
+        if memo is not None and memo.stat().st_uid == os.geteuid() and memo.read_text() == "mount-namespace":
+            return "mount-namespace"
+    except OSError:
+        pass
     probe = [*_unshare_prefix(), "sh", "-c", 'mount --bind "$1" "$1" && echo ok', "sh", str(CANONICAL_ROOT)]
     if proc.capture(probe).strip() == "ok":
+        if memo is not None:
+            with contextlib.suppress(OSError):
+                write_atomic(memo, "mount-namespace")
         return "mount-namespace"
     warn(
         "cannot mount the stage at a canonical path (unshare --mount is not permitted here); "

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path, PurePosixPath
 
+import pytest
 from conftest import require
 
 from tasks import proc, reproducible
@@ -102,3 +103,22 @@ def test_a_build_sees_its_stage_at_the_canonical_path(tmp_path: Path) -> None:
     assert lines[-2:] == ["/tmp/reprostack-build/reprostack-unit-test/sub", "staged here"]
     assert (stage / "sub" / "made-here").is_file()  # writes land in the stage
     assert place.path(stage / "sub") == "/tmp/reprostack-build/reprostack-unit-test/sub"
+
+
+def test_the_namespace_probe_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A no-op computes every key, and each key holds the method: once probed, no process is started for it."""
+    reproducible.method.cache_clear()
+    memo = reproducible._probe_memo()
+    if memo is not None:
+        memo.unlink(missing_ok=True)
+    if reproducible.method() != "mount-namespace":
+        require("unshare --mount is not permitted on this host (builds fall back to -ffile-prefix-map)")
+    assert memo is not None and memo.read_text() == "mount-namespace"
+
+    def no_process(*args: object, **kwargs: object) -> str:
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(proc, "capture", no_process)
+    reproducible.method.cache_clear()
+    assert reproducible.method() == "mount-namespace"
+    reproducible.method.cache_clear()

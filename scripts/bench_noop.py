@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Time the no-op `doit wheels` of one or more workspaces, alternating, and print them side by side.
+
+Each workspace is a checkout whose wheelhouse is up to date (after `bash examples/quickstart.sh`, or a
+`doit wheels` of the lock given after ``--``); its own ``.venv/bin/doit`` runs in it. Runs alternate
+between the workspaces, so load on the host falls on all of them alike. The baseline is another checkout
+of an earlier commit (``git worktree add DIR COMMIT``, then its quickstart)::
+
+    python scripts/bench_noop.py before=../base after=.                  # the example lock, 20 runs each
+    python scripts/bench_noop.py --runs 30 after=. -- lock=sources.lock profile=no-fa2 mirror=DIR
+
+``--bytecode`` lets Python write bytecode (unsets PYTHONDONTWRITEBYTECODE, as most users' shells are);
+without it the environment is used as it is. A run that exits non-zero, or that builds anything (a
+line starting with ``.  build:`` or ``.  wheels``), stops the benchmark: it would not be a no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workspaces", nargs="+", metavar="NAME=DIR", help="a label and a checkout with .venv/bin/doit")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--bytecode", action="store_true", help="let Python write bytecode (unset PYTHONDONTWRITEBYTECODE)")
+    args, extra = ap.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    env = dict(os.environ)
+    if args.bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    spaces = []
+    for item in args.workspaces:
+        name, _, where = item.partition("=")
+        root = Path(where or name).resolve()
+        doit = root / ".venv" / "bin" / "doit"
+        if not doit.is_file():
+            ap.error(f"{doit} does not exist: run bash examples/quickstart.sh in {root} first")
+        spaces.append((name, root, [str(doit), "wheels", *extra]))
+    for name, root, cmd in spaces:  # once each first: a toolchain probe or bytecode written is not a no-op's cost
+        subprocess.run(cmd, cwd=root, env=env, capture_output=True, check=False)
+    times: dict[str, list[float]] = {name: [] for name, _, _ in spaces}
+    for _ in range(args.runs):
+        for name, root, cmd in spaces:
+            start = time.perf_counter()
+            res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=False)
+            took = time.perf_counter() - start
+            if res.returncode != 0 or any(line.startswith((".  build:", ".  wheels")) for line in res.stdout.splitlines()):
+                print(f"{name}: not a no-op (exit {res.returncode}):\n{res.stdout}{res.stderr}", file=sys.stderr)
+                return 1
+            times[name].append(took)
+    bytecode = "written" if args.bytecode else f"PYTHONDONTWRITEBYTECODE={env.get('PYTHONDONTWRITEBYTECODE', '')!r}"
+    print(f"no-op `doit wheels {' '.join(extra)}`, {args.runs} runs each, alternating; bytecode {bytecode}")
+    print(f"{'workspace':<12} {'median ms':>9} {'min ms':>7} {'max ms':>7}")
+    for name, values in times.items():
+        ms = [v * 1000 for v in values]
+        print(f"{name:<12} {statistics.median(ms):>9.0f} {min(ms):>7.0f} {max(ms):>7.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
