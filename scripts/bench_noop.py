@@ -51,7 +51,9 @@ def main() -> int:
             start = time.perf_counter()
             res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=False)
             took = time.perf_counter() - start
-            if res.returncode != 0 or any(line.startswith((".  build:", ".  wheels")) for line in res.stdout.splitlines()):
+            if res.returncode != 0 or any(
+                line.startswith((".  build:", ".  wheels")) for line in res.stdout.splitlines()
+            ):
                 print(f"{name}: not a no-op (exit {res.returncode}):\n{res.stdout}{res.stderr}", file=sys.stderr)
                 return 1
             times[name].append(took)
