@@ -8,6 +8,7 @@ of an earlier commit (``git worktree add DIR COMMIT``, then its quickstart)::
 
     python scripts/bench_noop.py before=../base after=.                  # the example lock, 20 runs each
     python scripts/bench_noop.py --runs 30 after=. -- lock=sources.lock profile=no-fa2 mirror=DIR
+    python scripts/bench_noop.py "with=." "without=.:lock=L2 wheels=W2"    # per-workspace arguments after ':'
 
 ``--bytecode`` lets Python write bytecode (unsets PYTHONDONTWRITEBYTECODE, as most users' shells are);
 without it the environment is used as it is. A run that exits non-zero, or that builds anything (a
@@ -27,7 +28,9 @@ from pathlib import Path
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workspaces", nargs="+", metavar="NAME=DIR", help="a label and a checkout with .venv/bin/doit")
+    ap.add_argument(
+        "workspaces", nargs="+", metavar="NAME=DIR[:ARGS]", help="a label, a checkout with .venv/bin/doit, its own args"
+    )
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--bytecode", action="store_true", help="let Python write bytecode (unset PYTHONDONTWRITEBYTECODE)")
     args, extra = ap.parse_known_args()
@@ -38,12 +41,13 @@ def main() -> int:
     spaces = []
     for item in args.workspaces:
         name, _, where = item.partition("=")
+        where, _, own = where.partition(":")
         root = Path(where or name).resolve()
         doit = root / ".venv" / "bin" / "doit"
         if not doit.is_file():
             ap.error(f"{doit} does not exist: run bash examples/quickstart.sh in {root} first")
-        spaces.append((name, root, [str(doit), "wheels", *extra]))
-    for name, root, cmd in spaces:  # once each first: a toolchain probe or bytecode written is not a no-op's cost
+        spaces.append((name, root, [str(doit), "wheels", *own.split(), *extra]))
+    for _name, root, cmd in spaces:  # once each first: a toolchain probe or bytecode written is not a no-op's cost
         subprocess.run(cmd, cwd=root, env=env, capture_output=True, check=False)
     times: dict[str, list[float]] = {name: [] for name, _, _ in spaces}
     for _ in range(args.runs):
