@@ -45,7 +45,12 @@ from tasks.lockfile import format_problems
 TaskDict = dict[str, Any]
 
 #: What the line of a skipped optional package says about building it after all.
-SKIP_HINT = "It builds once the host has that; without a CUDA install, see docs/lock.md (Hermetic toolchain)"
+SKIP_HINT = "It builds once the host has that"
+#: ... and where nvcc is what it lacks.
+SKIP_HINT_NVCC = (
+    "; without a CUDA install, a lock's [toolchain.hermetic] brings nvcc from PyPI wheels (docs/lock.md; "
+    "for the example: bash examples/quickstart.sh --hermetic)"
+)
 
 #: Every task prints straight to the console, uncaptured. doit's capture swaps
 #: the process-wide sys.stdout for a per-action writer over a StringIO; with
@@ -408,7 +413,8 @@ def _do_build(name: str) -> None:
         from tasks.timeline import Outcome
 
         ctx.record(Outcome(package=name, status="skipped"))
-        print(f"skipped {name} (optional in {ctx.lock.path.name}): {why}. {SKIP_HINT}", flush=True)
+        hint = SKIP_HINT + (SKIP_HINT_NVCC if "nvcc not found" in why else "")
+        print(f"skipped {name} (optional in {ctx.lock.path.name}): {why}. {hint}.", flush=True)
         return
     build_package(ctx, pkg)
 
