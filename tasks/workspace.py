@@ -2,9 +2,10 @@
 
 A workspace is the build directory of the directory doit runs in (``builddir=``, default ``build``).
 A run that can change it (every doit command but list, info, help, dumpdb, tabcompletion) takes
-``<builddir>/workspace.lock`` when dodo.py is loaded, before doit opens its state database, so a
-second run refuses at once with one line naming the first, instead of failing later with
-sqlite's "database is locked" or deleting the first run's staging trees.
+``<builddir>/workspace.lock`` when dodo.py is loaded, before doit opens its state database, and then
+``.doit.db.lock`` beside that database (one per directory, whatever ``builddir=``), so a second run
+refuses at once with one line naming the first, instead of failing later with sqlite's "database is
+locked" or deleting the first run's staging trees.
 
 While it runs, ``<builddir>/run/<pid>.json`` lists the sessions of the commands it started (each
 build runs in a session of its own: tasks/proc.py) and the temporary trees it is writing. A run that
@@ -124,7 +125,7 @@ class Registry:
 
 #: The registry of this process, once it holds its workspace (None for read-only commands).
 current: Registry | None = None
-_held: FileLock | None = None
+_held: list[FileLock] = []
 
 
 def session(pid: int, live: bool) -> None:
@@ -142,7 +143,7 @@ def claim(builddir: Path, argv: list[str]) -> str:
 
     Raises ReproError (one line naming the run that holds it) when another run holds it.
     """
-    global current, _held
+    global current
     from tasks.errors import ReproError
 
     if command(argv) in READ_ONLY or current is not None:
@@ -160,12 +161,39 @@ def claim(builddir: Path, argv: list[str]) -> str:
         ) from None
     except OSError as exc:
         raise ReproError(f"builddir={builddir}: cannot lock {builddir / 'workspace.lock'} ({exc.strerror})") from None
-    _held = lock
+    # doit's database belongs to the directory, not to the build directory: two runs here with two
+    # builddir= would still meet in it ("database is locked").
+    database = dep_file(argv)
+    shared = FileLock(f"{database}.lock")
+    try:
+        shared.acquire(timeout=0)
+    except Timeout:
+        lock.release()
+        raise ReproError(
+            f"{database.absolute()}, doit's database of this directory, is in use by another doit run (with another "
+            "builddir=); wait for it to end, or run this one in another directory"
+        ) from None
+    except OSError as exc:
+        lock.release()
+        raise ReproError(f"cannot lock {database}.lock ({exc.strerror})") from None
+    _held[:] = [lock, shared]
     note = cleanup(builddir / "run")
     current = Registry(builddir / "run")
     current._write()
     atexit.register(current.close)
     return note
+
+
+def dep_file(argv: list[str]) -> Path:
+    """doit's state database for ``argv``: ``--db-file``/``--dep-file`` where given, else dodo.py's ``.doit.db``."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg in ("--db-file", "--dep-file"):
+            return Path(argv[i + 1])
+    for arg in argv:
+        for option in ("--db-file=", "--dep-file="):
+            if arg.startswith(option):
+                return Path(arg.removeprefix(option))
+    return Path(".doit.db")
 
 
 def _holder(builddir: Path) -> str:

@@ -70,3 +70,18 @@ def test_full_disk_under_the_build_logs_is_one_clear_line(workspace: Workspace, 
     res = ws.doit("wheels", "profile=pure", f"builddir={full_disk / 'build'}", check=False)
     one_clear_line(res, full_disk / "build")
     assert not (ws.wheels / "manifest.json").exists()
+
+
+def test_a_run_with_another_builddir_in_the_same_directory_is_refused(workspace: Workspace) -> None:
+    """Two runs in one directory share doit's database (.doit.db) whatever their builddir=: the second
+    refuses at once with one line, not later with sqlite's "database is locked"."""
+    from filelock import FileLock
+
+    ws = workspace
+    ws.lock.write_text(ws.lock.read_text() + "\n[profiles.pure]\n" + PURE)
+    with FileLock(str(ws.root / ".doit.db.lock")):  # what the first run, with builddir=build, holds
+        res = ws.doit("wheels", "profile=pure", f"builddir={ws.root / 'other-build'}", check=False)
+    assert res.returncode == 10, res.stdout + res.stderr
+    assert "doit's database of this directory, is in use by another doit run" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and "database is locked" not in res.stderr
+    ws.doit("wheels", "profile=pure", f"builddir={ws.root / 'other-build'}")  # once it is free, it runs
