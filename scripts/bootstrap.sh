@@ -49,7 +49,8 @@ else
       else
         say "torch not installed: your package index offers no wheel of $TORCH for this Python."
       fi
-      say "  The example's torch extension (repro_torchext) is left out. To build it too: .venv/bin/python -m pip install torch" ;;
+      say "  The example's torch extension (repro_torchext) is left out. To build it too, the CPU build (about 200 MB):"
+      say "  .venv/bin/python -m pip install $TORCH --index-url https://download.pytorch.org/whl/cpu" ;;
   esac
 fi
 if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
