@@ -19,7 +19,6 @@ closure, the provided set and the other built wheels.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -147,13 +146,6 @@ def stub_wheel(directory: Path, name: str, version: str) -> Path:
         )
         zf.writestr(f"{info}/RECORD", "")
     return path
-
-
-def inputs_digest(requirements: Sequence[str], fixed: Mapping[str, str], target: Target) -> str:
-    """What a resolution depends on: ``resolved_from`` in the lock (a change means: resolve again)."""
-    doc = {"requirements": sorted(requirements), "fixed": dict(sorted(fixed.items())), "python": target.python,
-           "platforms": list(target.platforms)}  # fmt: skip
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 class ResolutionFailed(LockError):
