@@ -20,6 +20,7 @@ import tomlkit
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
+from tomlkit.items import AoT, Table
 
 from tasks import closure, gitsrc, hermetic, pypi
 from tasks.cache import Cache, write_atomic
@@ -27,6 +28,21 @@ from tasks.errors import FetchError, LockError, ReproError
 from tasks.lockfile import Lock, Package, Runtime, Source, Submodule, load_lock
 from tasks.sources import materialize, source_filter
 from tasks.treehash import file_sha256, tree_sha256
+
+
+def _set(table: Any, key: str, value: Any) -> None:
+    """``table[key] = value``, a new key going after the table's last key, not after the comment lines that
+    tomlkit keeps at the table's end but that introduce the next table."""
+    if key in table:
+        table[key] = value
+        return
+    body = table.value.body if hasattr(table, "value") else table.body
+    plain = [i for i, (k, item) in enumerate(body) if k is not None and not isinstance(item, (Table, AoT))]
+    last = plain[-1] if plain else len(body) - 1  # sub-tables ([a.b]) come after every plain key
+    if last == len(body) - 1:
+        table[key] = value
+    else:
+        (table.value if hasattr(table, "value") else table)._insert_at(last + 1, key, value)
 
 
 def _complete(src: Source) -> bool:
@@ -65,7 +81,7 @@ def _lock_git(src: Source, entry: Any, cache: Cache, log: Path, refresh: bool) -
                 if not urls.get(path):
                     raise LockError(f"source {src.name}: submodule {path!r} has no URL in .gitmodules")
                 subs.append(Submodule(path=path, url=urls[path], commit=sha))
-    entry["commit"] = commit
+    _set(entry, "commit", commit)
     if subs:
         table = tomlkit.table()
         for sub in subs:
@@ -100,7 +116,7 @@ def _lock_archive(src: Source, entry: Any) -> Source:
         ]
         if not candidates:
             raise LockError(f"source {src.name}: no sdist of {src.project} {src.version} in the package index")
-        entry["filename"] = candidates[0].filename
+        _set(entry, "filename", candidates[0].filename)
         return replace(src, filename=candidates[0].filename, sha256="")
     return src
 
@@ -144,8 +160,8 @@ def lock_sources(
             root, meta = materialize(pinned, work, cache=cache, mirror=None if refresh else mirror, log=log)
             tree = tree_sha256(root)
         if src.kind != "git":
-            entry["sha256"] = meta["archive_sha256"]
-        entry["tree_sha256"] = tree
+            _set(entry, "sha256", meta["archive_sha256"])
+        _set(entry, "tree_sha256", tree)
         pin = src.commit if src.kind == "git" else meta.get("archive_sha256", "")
         report.append(f"{name}: {pin[:12]} tree {tree[:12]}")
     write_atomic(lock_path, tomlkit.dumps(doc))
@@ -170,7 +186,7 @@ def _lock_wheel(src: Source, entry: Any, cache: Cache) -> str:
         final.mkdir(parents=True, exist_ok=True)
         os.replace(path, final / src.filename)
         (final / "origin").write_text(src.url + "\n")
-    entry["sha256"] = digest
+    _set(entry, "sha256", digest)
     return f"{src.name}: wheel {src.filename} sha256 {digest[:12]}"
 
 
@@ -241,8 +257,8 @@ def _lock_one_runtime(
     array = tomlkit.array()
     array.multiline(True)
     array.extend(pins)
-    table["resolved"] = array
-    table["resolved_from"] = runtime.digest()
+    _set(table, "resolved", array)
+    _set(table, "resolved_from", runtime.digest())
     write_atomic(lock_path, tomlkit.dumps(doc))
     load_lock(lock_path, require_pins=False)  # what we wrote must validate
     new = dict(found)
