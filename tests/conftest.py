@@ -7,6 +7,7 @@ would run it, through ``python -m doit -f <repo>/dodo.py``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -63,6 +64,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require("nvcc not found (NVCC, PATH, CUDA_HOME, /usr/local/cuda): the test builds the example's CUDA fixture")
     if item.get_closest_marker("needs_torch") and not HAVE_TORCH:
         require("torch is not importable: the test builds the example's torch extension (pip install torch)")
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's ``size=``) at ``path``: a full disk made to order. Needs root and mount."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    if os.geteuid() != 0 or not shutil.which("mount") or subprocess.run(mount, capture_output=True).returncode != 0:
+        require("cannot mount a small tmpfs here (needs root and mount privileges)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
 
 
 def require(message: str) -> NoReturn:

@@ -7,14 +7,13 @@ own exit status, no traceback, and nothing half-written.
 
 from __future__ import annotations
 
-import os
-import shutil
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Workspace, require
+from conftest import Workspace, small_tmpfs
 
 pytestmark = pytest.mark.integration
 
@@ -26,20 +25,10 @@ PURE = "".join(
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A directory on a 1 MiB tmpfs with a few KiB left."""
-    small = tmp_path / "small"
-    small.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)]
-    if os.geteuid() != 0 or not shutil.which("mount") or subprocess.run(mount, capture_output=True).returncode != 0:
-        require("cannot mount a small tmpfs here (needs root and mount privileges)")
-    try:
-        with (small / "filler").open("wb") as fh:
-            try:
-                fh.write(b"\0" * ((1 << 20) - (8 << 10)))
-            except OSError:
-                pass
+    with small_tmpfs(tmp_path / "small", "1m") as small:
+        with (small / "filler").open("wb") as fh, contextlib.suppress(OSError):
+            fh.write(b"\0" * ((1 << 20) - (8 << 10)))
         yield small
-    finally:
-        subprocess.run(["umount", str(small)], check=False)
 
 
 def one_clear_line(res: subprocess.CompletedProcess[str], where: Path) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Workspace, make_workspace, require
+from conftest import REPO, Workspace, make_workspace, small_tmpfs
 from serve import FixtureServer
 
 from tasks.treehash import file_sha256
@@ -329,12 +329,7 @@ def test_second_run_refuses_sighup_stops_sigkill_is_cleaned_up(workspace: Worksp
 
 def test_full_disk_is_one_clear_line(tmp_path: Path, server: object) -> None:
     """A cache on a full file system: one line naming it, no traceback, nothing partial."""
-    small = tmp_path / "small"
-    small.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(small)]
-    if os.geteuid() != 0 or not shutil.which("mount") or subprocess.run(mount, capture_output=True).returncode != 0:
-        require("cannot mount a small tmpfs here (needs root and mount privileges)")
-    try:
+    with small_tmpfs(tmp_path / "small", "600k") as small:
         ws = make_workspace(tmp_path / "ws", small / "cache", server.url)  # type: ignore[attr-defined]
         res = ws.doit("wheels", "profile=quick", check=False)
         assert res.returncode in (10, 15), res.stdout + res.stderr  # where it struck: the cache, or the build
@@ -348,8 +343,6 @@ def test_full_disk_is_one_clear_line(tmp_path: Path, server: object) -> None:
         res = make_workspace(tmp_path / "ws2", regular, server.url).doit("wheels", "profile=quick", check=False)  # type: ignore[attr-defined]
         assert res.returncode == 10 and "Traceback" not in res.stderr, res.stderr
         assert "is a file" in res.stderr or "Not a directory" in res.stderr, res.stderr
-    finally:
-        subprocess.run(["umount", str(small)], check=False)
 
 
 def pure_only(ws: Workspace) -> None:
