@@ -37,7 +37,7 @@ from typing import Any
 
 from doit.exceptions import TaskFailed
 
-from tasks.cache import rmtree
+from tasks.cache import copy_atomic, rmtree
 from tasks.context import Context
 from tasks.errors import BundleError, FetchError, LockError, ReproError, debug_enabled
 from tasks.lockfile import format_problems
@@ -351,9 +351,7 @@ def _write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[
             path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), ctx.cache.fetched,
                                  mirror=source, indexes=None, target=target)  # fmt: skip
             if not (wheels / path.name).is_file():
-                tmp = wheels / f".{path.name}.tmp"
-                shutil.copyfile(path, tmp)
-                os.replace(tmp, wheels / path.name)
+                copy_atomic(path, wheels / path.name)
             total += path.stat().st_size
         yield f"  runtime closure: {len(runtime.resolved)} wheels in {wheels} ({total / 1e6:.1f} MB)"
 
@@ -365,9 +363,7 @@ def _copy_pinned_wheels(src: Path, dest: Path, hashes: set[str]) -> None:
     for path in sorted(src.glob("*.whl")):
         if not (dest / path.name).is_file() and file_sha256(path) in hashes:
             dest.mkdir(parents=True, exist_ok=True)
-            tmp = dest / f".{path.name}.tmp"
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, dest / path.name)
+            copy_atomic(path, dest / path.name)
 
 
 @guarded

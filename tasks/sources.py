@@ -17,7 +17,7 @@ from typing import Any
 
 from tasks import gitsrc, pypi
 from tasks.archive import pack_tree, unpack
-from tasks.cache import Cache, rmtree, warn, write_atomic
+from tasks.cache import Cache, copy_atomic, rmtree, warn, write_atomic
 from tasks.errors import VerificationError
 from tasks.lockfile import Source
 from tasks.members import escaping_link
@@ -226,9 +226,7 @@ def export_mirror(sources: list[Source], *, cache: Cache, mirror: Path) -> Itera
             (mirror / "wheels").mkdir(parents=True, exist_ok=True)
             dest = mirror / "wheels" / src.filename
             if not dest.is_file() or file_sha256(dest) != src.sha256:
-                tmp = dest.with_name(f".{dest.name}.tmp")
-                shutil.copyfile(wheel, tmp)
-                os.replace(tmp, dest)
+                copy_atomic(wheel, dest)
             index[src.name] = {"pin": src.pin(), "file": f"wheels/{src.filename}"}
             yield f"{src.name}: wheels/{src.filename} ({dest.stat().st_size} bytes)"
             continue
@@ -238,9 +236,7 @@ def export_mirror(sources: list[Source], *, cache: Cache, mirror: Path) -> Itera
             dest = mirror / "archives" / src.sha256
             what = f"archives/{src.sha256}"
             if not dest.is_file():
-                tmp = dest.with_name(f".{dest.name}.tmp")
-                shutil.copyfile(archive, tmp)
-                os.replace(tmp, dest)
+                copy_atomic(archive, dest)
         else:
             dest = mirror / "trees" / f"{src.tree_sha256}.tar.gz"
             what = f"trees/{src.tree_sha256}.tar.gz"
