@@ -30,7 +30,7 @@ from tasks.sources import materialize, source_filter
 from tasks.treehash import file_sha256, tree_sha256
 
 
-def _set(table: Any, key: str, value: Any) -> None:
+def set_key(table: Any, key: str, value: Any) -> None:
     """``table[key] = value``, a new key going after the table's last key, not after the comment lines that
     tomlkit keeps at the table's end but that introduce the next table."""
     if key in table:
@@ -81,7 +81,7 @@ def _lock_git(src: Source, entry: Any, cache: Cache, log: Path, refresh: bool) -
                 if not urls.get(path):
                     raise LockError(f"source {src.name}: submodule {path!r} has no URL in .gitmodules")
                 subs.append(Submodule(path=path, url=urls[path], commit=sha))
-    _set(entry, "commit", commit)
+    set_key(entry, "commit", commit)
     if subs:
         table = tomlkit.table()
         for sub in subs:
@@ -116,7 +116,7 @@ def _lock_archive(src: Source, entry: Any) -> Source:
         ]
         if not candidates:
             raise LockError(f"source {src.name}: no sdist of {src.project} {src.version} in the package index")
-        _set(entry, "filename", candidates[0].filename)
+        set_key(entry, "filename", candidates[0].filename)
         return replace(src, filename=candidates[0].filename, sha256="")
     return src
 
@@ -160,8 +160,8 @@ def lock_sources(
             root, meta = materialize(pinned, work, cache=cache, mirror=None if refresh else mirror, log=log)
             tree = tree_sha256(root)
         if src.kind != "git":
-            _set(entry, "sha256", meta["archive_sha256"])
-        _set(entry, "tree_sha256", tree)
+            set_key(entry, "sha256", meta["archive_sha256"])
+        set_key(entry, "tree_sha256", tree)
         pin = src.commit if src.kind == "git" else meta.get("archive_sha256", "")
         report.append(f"{name}: {pin[:12]} tree {tree[:12]}")
     write_atomic(lock_path, tomlkit.dumps(doc))
@@ -186,7 +186,7 @@ def _lock_wheel(src: Source, entry: Any, cache: Cache) -> str:
         final.mkdir(parents=True, exist_ok=True)
         os.replace(path, final / src.filename)
         (final / "origin").write_text(src.url + "\n")
-    _set(entry, "sha256", digest)
+    set_key(entry, "sha256", digest)
     return f"{src.name}: wheel {src.filename} sha256 {digest[:12]}"
 
 
@@ -257,8 +257,8 @@ def _lock_one_runtime(
     array = tomlkit.array()
     array.multiline(True)
     array.extend(pins)
-    _set(table, "resolved", array)
-    _set(table, "resolved_from", runtime.digest())
+    set_key(table, "resolved", array)
+    set_key(table, "resolved_from", runtime.digest())
     write_atomic(lock_path, tomlkit.dumps(doc))
     load_lock(lock_path, require_pins=False)  # what we wrote must validate
     new = dict(found)

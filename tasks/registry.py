@@ -27,6 +27,7 @@ import tomlkit
 from tasks.cache import write_atomic
 from tasks.errors import ImageError
 from tasks.imageref import Reference, is_digest, parse_reference
+from tasks.lockcmd import set_key
 from tasks.lockfile import load_lock
 
 MANIFEST_TYPES = (
@@ -151,7 +152,7 @@ def lock_image_digests(lock_path: Path, update: tuple[str, ...]) -> list[str]:
                 message += ", or build on a local image with `doit image base=<image ID>`"
             (failures if asked else lines).append(message)
             continue
-        doc[table]["digest"] = digest
+        set_key(doc[table], "digest", digest)
         changed = changed or digest != spec.digest
         lines.append(f"[{table}] {ref}: {digest}")
     if changed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomlkit
 
-from tasks.lockcmd import _set
+from tasks.lockcmd import set_key
 
 LOCK = """[sources.a]
 kind = "git"
@@ -25,9 +25,9 @@ x = 1
 
 def test_a_new_key_goes_after_the_tables_last_key_not_under_the_next_tables_comment() -> None:
     doc = tomlkit.parse(LOCK)
-    _set(doc["sources"]["a"], "tree_sha256", "ab")
-    _set(doc["sources"]["b"], "sha256", "cd")
-    _set(doc["sources"]["b"], "kind", "url")  # an existing key keeps its place
+    set_key(doc["sources"]["a"], "tree_sha256", "ab")
+    set_key(doc["sources"]["b"], "sha256", "cd")
+    set_key(doc["sources"]["b"], "kind", "url")  # an existing key keeps its place
     text = tomlkit.dumps(doc)
     assert 'commit = "0123"\ntree_sha256 = "ab"\n\n[sources.a.submodules]' in text, text
     assert 'kind = "url"\nsha256 = "cd"\n\n# What the profile is.\n[profiles.p]' in text, text

@@ -44,6 +44,8 @@ def test_recipe_lock_loads_resolves_and_lists_what_is_open(lock_path: Path) -> N
     missing = sorted({f"[{where}]" for where in lock.unpinned_where} - set(re.findall(r"`(\[[^\]`]+\])`", listed)))
     if lock.image is not None and not lock.image.digest:
         missing += [] if "`[image]`" in listed else ["[image]"]
+    if lock.builder is not None and not lock.builder.digest:
+        missing += [] if "`[builder]`" in listed else ["[builder]"]
     assert not missing, f"{page.name}: pins open in the lock but not listed under 'Open here': {missing}"
 
 
