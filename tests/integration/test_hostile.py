@@ -89,19 +89,9 @@ def test_url_archive_that_writes_outside_is_refused_by_fetch_and_lock(tmp_path: 
 
 def test_git_symlink_to_a_host_file_is_refused(tmp_path: Path) -> None:
     """A repository whose file is a link to an absolute host path cannot put that file into a wheel."""
-    work = tmp_path / "work"
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    subprocess.run(["git", "init", "-q", str(work)], check=True, env=env)
-    (work / "setup.py").write_text("from setuptools import setup\nsetup(name='evil')\n")
-    (work / "secret.txt").symlink_to("/etc/hostname")
-    subprocess.run(["git", "-C", str(work), "add", "-A"], check=True, env=env)
-    subprocess.run(["git", "-C", str(work), "commit", "-qm", "x"], check=True, env=env)
-    commit = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], check=True, env=env,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     served = tmp_path / "served"
-    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(served / "evil.git")], check=True, env=env)
-    subprocess.run(["git", "-C", str(served / "evil.git"), "update-server-info"], check=True, env=env)
+    commit = git_commit(tmp_path / "evil", {"secret.txt": "/etc/hostname"})
+    serve_bare(tmp_path / "evil", served)
     with FixtureServer(served) as srv:
         ws = tmp_path / "ws"
         lock = tiny_lock(ws, f'kind = "git"\nurl = "{srv.url}/evil.git"\ncommit = "{commit}"\ntree_sha256 = "{ZERO}"')
