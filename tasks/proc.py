@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,33 @@ _live_lock = threading.Lock()
 _interrupted = threading.Event()
 #: Seconds the first Ctrl-C leaves running builds to clean up before the process exits anyway.
 FORCE_EXIT_AFTER = 60.0
+#: The signals that stop a run (install_interrupt_handler).
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+def leave_signals_to_main_thread() -> None:
+    """Keep the stop signals away from this thread for good (a helper thread: no command is started from it).
+
+    Python runs signal handlers in the main thread only, when that thread next runs: a Ctrl-C the kernel hands
+    to another thread (one waiting in wait4, say) does not wake a main thread blocked on a lock, and went
+    unanswered (a test of this module hung in 1 of 15 runs on Python 3.12). Blocked here, it goes to the main
+    thread. Threads started from this one inherit the mask.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def _signals_to_main_thread() -> Iterator[None]:
+    """:func:`leave_signals_to_main_thread` while waiting for a command (which itself started with no mask)."""
+    if threading.current_thread() is threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def install_interrupt_handler() -> None:
@@ -213,15 +240,17 @@ def run(
 
             timer = threading.Timer(timeout, expire)
             timer.daemon = True
-            timer.start()
+            with _signals_to_main_thread():
+                timer.start()  # its thread inherits the mask
         try:
-            if on_line is not None:
-                assert proc.stdout is not None
-                for raw in proc.stdout:
-                    out.write(raw)
-                    out.flush()
-                    on_line(raw.decode("utf-8", "replace"))
-            _pid, status, usage = os.wait4(proc.pid, 0)
+            with _signals_to_main_thread():
+                if on_line is not None:
+                    assert proc.stdout is not None
+                    for raw in proc.stdout:
+                        out.write(raw)
+                        out.flush()
+                        on_line(raw.decode("utf-8", "replace"))
+                _pid, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = code = os.waitstatus_to_exitcode(status)
         except BaseException:
             stop_group(proc)
