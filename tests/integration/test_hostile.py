@@ -93,11 +93,17 @@ def test_git_symlink_to_a_host_file_is_refused(tmp_path: Path) -> None:
     commit = git_commit(tmp_path / "evil", {"secret.txt": "/etc/hostname"})
     serve_bare(tmp_path / "evil", served)
     with FixtureServer(served) as srv:
-        ws = tmp_path / "ws"
-        lock = tiny_lock(ws, f'kind = "git"\nurl = "{srv.url}/evil.git"\ncommit = "{commit}"\ntree_sha256 = "{ZERO}"')
-        res = doit(ws, lock, tmp_path / "cache", "fetch:evil")
+        res = fetch_git(tmp_path, f"{srv.url}/evil.git", commit)
     assert res.returncode == 13, res.stdout + res.stderr
     assert "'secret.txt': symbolic link to '/etc/hostname', outside the tree" in res.stderr
+
+
+def fetch_git(tmp_path: Path, url: str, commit: str, more: str = "") -> subprocess.CompletedProcess[str]:
+    """`doit fetch:evil` of a lock whose one source is ``url`` at ``commit`` (``more``: more TOML for it)."""
+    lock = tiny_lock(
+        tmp_path / "ws", f'kind = "git"\nurl = "{url}"\ncommit = "{commit}"\ntree_sha256 = "{ZERO}"\n{more}'
+    )
+    return doit(tmp_path / "ws", lock, tmp_path / "cache", "fetch:evil")
 
 
 GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
@@ -143,15 +149,12 @@ def test_git_link_chain_out_of_the_tree_is_refused(tmp_path: Path) -> None:
     sup = git_commit(tmp_path / "super", {"deep/l": ".."}, {"vendor": sub})
     serve_bare(tmp_path / "super", served)
     with FixtureServer(served) as srv:
-        ws = tmp_path / "ws"
-        lock = tiny_lock(ws, f'kind = "git"\nurl = "{srv.url}/plain.git"\ncommit = "{plain}"\ntree_sha256 = "{ZERO}"')
-        res = doit(ws, lock, tmp_path / "cache", "fetch:evil")
+        res = fetch_git(tmp_path, f"{srv.url}/plain.git", plain)
         assert res.returncode == 13, res.stdout + res.stderr
         assert "refused, nothing of it was used: member 'secret.txt': symbolic link to 'deep/l/deep/l/" in res.stderr
         assert "outside the tree once the tree's own symbolic links are followed" in res.stderr
-        lock = tiny_lock(ws, f'kind = "git"\nurl = "{srv.url}/super.git"\ncommit = "{sup}"\ntree_sha256 = "{ZERO}"\n'
-                         f'[sources.evil.submodules.vendor]\nurl = "{srv.url}/sub.git"\ncommit = "{sub}"')  # fmt: skip
-        res = doit(ws, lock, tmp_path / "cache", "fetch:evil")
+        vendor = f'[sources.evil.submodules.vendor]\nurl = "{srv.url}/sub.git"\ncommit = "{sub}"'
+        res = fetch_git(tmp_path, f"{srv.url}/super.git", sup, vendor)
         assert res.returncode == 13, res.stdout + res.stderr
         assert "member 'vendor/secret.txt': symbolic link to '../deep/l/" in res.stderr, res.stderr
     assert not (tmp_path / "cache" / "sources").exists() or not list((tmp_path / "cache" / "sources").iterdir())
