@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin
 
-from tasks import members, proc
+from tasks import members, proc, procfs
 from tasks.errors import FetchError, LockError, VerificationError, unreachable
 from tasks.pypi import TIMEOUT
 from tasks.treehash import FileFilter
@@ -115,25 +114,13 @@ class _StallWatch:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since >= self.limit:
                 self.fired = True
-                _stop_group(pgid)
+                procfs.stop(lambda: [p.pid for p in _group(pgid)], grace=2.0)  # TERM: git removes its locks
                 return
 
 
-def _group(pgid: int) -> list[tuple[int, list[str]]]:
-    """(pid, fields of /proc/PID/stat after the command name) of the live processes of group ``pgid``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                raw = fh.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].decode().split()
-        if len(fields) > 12 and fields[2] == str(pgid) and fields[0] != "Z":
-            found.append((int(name), fields))
-    return found
+def _group(pgid: int) -> list[procfs.Process]:
+    """The live processes of group ``pgid``."""
+    return [p for p in procfs.processes() if p.pgid == pgid and p.state != "Z"]
 
 
 def _activity(pgid: int, log: Path) -> tuple[object, ...] | None:
@@ -142,33 +129,19 @@ def _activity(pgid: int, log: Path) -> tuple[object, ...] | None:
     if not members:
         return None
     seen: list[object] = []
-    for pid, fields in members:
+    for p in members:
         rchar = -1
         try:
-            with open(f"/proc/{pid}/io") as fh:
+            with open(f"/proc/{p.pid}/io") as fh:
                 rchar = next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
         except (OSError, StopIteration, ValueError):
             pass  # gone meanwhile, or no I/O accounting: CPU time and the log still count
-        seen.append((pid, rchar, int(fields[11]) + int(fields[12])))  # utime + stime, in clock ticks
+        seen.append((p.pid, rchar, p.cpu_ticks))
     try:
         seen.append(log.stat().st_size)
     except OSError:
         pass
     return tuple(seen)
-
-
-def _stop_group(pgid: int, grace: float = 2.0) -> None:
-    """SIGTERM to group ``pgid``, then SIGKILL to what is left after ``grace`` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _group(pgid):
-            time.sleep(0.05)
-        if not _group(pgid):
-            return
 
 
 class _Stalled(FetchError):

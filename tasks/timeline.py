@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks import proc
+from tasks import proc, procfs
 from tasks.cache import write_atomic
 
 _PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
@@ -121,19 +121,9 @@ def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path) -
 COMPILERS = frozenset({"cc1", "cc1plus", "cicc", "ptxas", "nvlink", "cudafe++", "fatbinary", "ld", "collect2"})
 
 
-def running_compilers(session: int, proc_root: Path = Path("/proc")) -> int:
+def running_compilers(session: int) -> int:
     """How many compiler processes run in the session ``session`` (a build's, see proc.run)."""
-    count = 0
-    for stat in proc_root.glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue  # ended meanwhile
-        name = text[text.find("(") + 1 : text.rfind(")")]
-        fields = text[text.rfind(")") + 2 :].split()
-        if len(fields) > 3 and fields[3] == str(session) and name in COMPILERS:
-            count += 1
-    return count
+    return sum(1 for p in procfs.processes() if p.sid == session and p.name in COMPILERS)
 
 
 class Progress:

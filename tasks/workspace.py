@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import shlex
-import signal
 import sys
 import threading
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
+
+from tasks import procfs
 
 #: doit's commands that only read: they neither take the workspace nor clean up.
 READ_ONLY = frozenset({"list", "info", "help", "dumpdb", "tabcompletion"})
@@ -60,24 +61,12 @@ def command(argv: list[str]) -> str:
 
 def _start_time(pid: int) -> str:
     """The kernel's start time of ``pid`` (clock ticks since boot), '' when it does not run."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return text[text.rfind(")") + 2 :].split()[19]
+    found = procfs.process(pid)
+    return found.start if found is not None else ""
 
 
 def _session_members(sid: int) -> list[int]:
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2 :].split()
-        if len(fields) > 3 and fields[3] == str(sid):
-            members.append(int(stat.parent.name))
-    return members
+    return [p.pid for p in procfs.processes() if p.sid == sid]
 
 
 class Registry:
@@ -242,14 +231,4 @@ def cleanup(directory: Path) -> str:
 
 def _stop_session(sid: int) -> int:
     """TERM, then KILL, every process of session ``sid``; how many there were."""
-    found = _session_members(sid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _session_members(sid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 5
-        while _session_members(sid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not _session_members(sid):
-            break
-    return len(found)
+    return procfs.stop(lambda: _session_members(sid), grace=5.0)
