@@ -40,6 +40,7 @@ from packaging.version import InvalidVersion, Version
 from tasks import pypi
 from tasks.cache import rmtree, warn
 from tasks.errors import LockError, VerificationError
+from tasks.index import wheel_metadata
 from tasks.lockfile import Runtime
 from tasks.treehash import file_sha256
 
@@ -253,12 +254,11 @@ def file_hashes(name: str, version: str, target: Target, *, work: Path, indexes:
 
 def requires_dist(wheel: Path) -> list[str]:
     """The ``Requires-Dist`` lines of a wheel's METADATA."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
-        if meta is None:
-            return []
-        text = zf.read(meta).decode("utf-8", "replace")
-    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    try:
+        _where, meta = wheel_metadata(wheel)
+    except ValueError:
+        return []
+    return [value.strip() for value in meta.get_all("Requires-Dist", [])]
 
 
 def unmet(requires: Iterable[str], available: Mapping[str, str], target: Target) -> list[str]:

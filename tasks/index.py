@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import html
 import json
+import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from email.message import Message
+from email.parser import BytesHeaderParser
+from pathlib import Path
 from typing import Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -19,6 +24,27 @@ def wheel_project(filename: str) -> str:
         return str(parse_wheel_filename(filename)[0])
     except InvalidWheelFilename:
         return ""
+
+
+#: The most of a wheel's METADATA read (its headers come first; the rest is the long description).
+METADATA_LIMIT = 1 << 20
+
+
+def wheel_metadata(wheel: Path) -> tuple[str, Message]:
+    """The name and headers of a wheel file's one top-level ``*.dist-info/METADATA``.
+
+    ValueError when the file is not a readable wheel or holds no such file, or more than one.
+    """
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            found = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            if len(found) != 1:
+                raise ValueError(f"the wheel holds {len(found)} top-level .dist-info/METADATA files, not one")
+            with zf.open(found[0]) as fh:
+                head = fh.read(METADATA_LIMIT)
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, zlib.error) as exc:
+        raise ValueError(f"not a readable wheel ({exc})") from None
+    return found[0], BytesHeaderParser().parsebytes(head)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,18 +34,15 @@ import json
 import re
 import threading
 import time
-import zipfile
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from packaging.utils import canonicalize_name
 
 from tasks.cache import Cache, WheelEntry, warn
-from tasks.index import wheel_project
+from tasks.index import wheel_metadata, wheel_project
 from tasks.keys import action_key, canonical_json
 
 if TYPE_CHECKING:
@@ -219,26 +216,17 @@ class Remote:
             warn(f"remote cache {self.url} unavailable ({problem}); not consulted again in this run, building locally")
 
 
-#: The most of a wheel's METADATA read for its Name (headers come first; the rest is the long description).
-METADATA_LIMIT = 1 << 20
-
-
 def wheel_name_problem(wheel: Path, distribution: str) -> str | None:
     """Why ``wheel`` is not a wheel of ``distribution`` by its own ``*.dist-info/METADATA`` Name; None when it is."""
     try:
-        with zipfile.ZipFile(wheel) as zf:
-            found = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-            if len(found) != 1:
-                return f"the wheel holds {len(found)} top-level .dist-info/METADATA files, not one"
-            with zf.open(found[0]) as fh:
-                head = fh.read(METADATA_LIMIT)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, zlib.error) as exc:
-        return f"not a readable wheel ({exc})"
-    name = BytesHeaderParser().parsebytes(head).get("Name", "")
-    if not name.strip():
-        return f"its {found[0]} has no Name"
-    if canonicalize_name(name.strip()) != canonicalize_name(distribution):
-        return f"its {found[0]} names the project {name.strip()!r}, not {distribution!r}"
+        where, meta = wheel_metadata(wheel)
+    except ValueError as exc:
+        return str(exc)
+    name = (meta.get("Name") or "").strip()
+    if not name:
+        return f"its {where} has no Name"
+    if canonicalize_name(name) != canonicalize_name(distribution):
+        return f"its {where} names the project {name!r}, not {distribution!r}"
     return None
 
 
