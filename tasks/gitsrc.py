@@ -103,7 +103,6 @@ class _StallWatch:
             self._thread.join()
 
     def _watch(self, pgid: int) -> None:
-        proc.leave_signals_to_main_thread()
         last: object = None
         since = time.monotonic()
         while not self._done.wait(min(1.0, self.limit / 4)):

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks import gate as gate_module
-from tasks import ninjaorder, proc
+from tasks import ninjaorder
 from tasks.cache import write_atomic
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
@@ -250,7 +250,6 @@ class Broker:
             return self._results.pop(package, {})
 
     def _serve(self) -> None:
-        proc.leave_signals_to_main_thread()
         sel = selectors.DefaultSelector()
         sel.register(self._listen, selectors.EVENT_READ, "accept")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")

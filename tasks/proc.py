@@ -15,11 +15,12 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,29 +39,46 @@ FORCE_EXIT_AFTER = 60.0
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
-def leave_signals_to_main_thread() -> None:
-    """Keep the stop signals away from this thread for good (a helper thread: no command is started from it).
+#: The signal that wakes the main thread for the relay (its handler does nothing; ignored by default).
+_POKE = signal.SIGURG
+#: The relay's socket pair, kept open for the life of the process (install_interrupt_handler).
+_relay: tuple[socket.socket, socket.socket] | None = None
 
-    Python runs signal handlers in the main thread only, when that thread next runs: a Ctrl-C the kernel hands
-    to another thread (one waiting in wait4, say) does not wake a main thread blocked on a lock, and went
-    unanswered (a test of this module hung in 1 of 15 runs on Python 3.12). Blocked here, it goes to the main
-    thread. Threads started from this one inherit the mask.
+
+def _relay_stop_signals() -> None:
+    """Wake the main thread for a stop signal the kernel handed to another thread.
+
+    The kernel delivers a process's signal to any thread that does not block it. Python's C-level
+    handler only notes it there; the Python handler runs when the main thread next runs bytecode. A
+    main thread blocked on a lock (doit's runner waiting for a task, a test's queue) slept through the
+    Ctrl-C until a task ended: the Ctrl-C tests hung in about 1 run of 40 on a loaded host. Python
+    writes each signal's number to its wakeup fd from whichever thread took it; a daemon thread reads
+    them and pokes the main thread with a signal of its own, which breaks the wait (EINTR) and runs the
+    pending handlers there. A poke after the main thread handled the signal itself runs a no-op.
     """
-    if threading.current_thread() is not threading.main_thread():
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-
-
-@contextlib.contextmanager
-def _signals_to_main_thread() -> Iterator[None]:
-    """:func:`leave_signals_to_main_thread` while waiting for a command (which itself started with no mask)."""
-    if threading.current_thread() is threading.main_thread():
-        yield
+    global _relay
+    if _relay is not None:
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    if previous != -1:  # someone else's wakeup fd (an event loop, say): theirs to serve
+        signal.set_wakeup_fd(previous)
+        reader.close()
+        writer.close()
+        return
+    _relay = (reader, writer)
+    signal.signal(_POKE, lambda signum, frame: None)
+    main = threading.main_thread().ident
+    assert main is not None
+    stops = {int(sig) for sig in STOP_SIGNALS}
+
+    def relay() -> None:
+        while True:
+            if stops.intersection(reader.recv(256)):
+                signal.pthread_kill(main, _POKE)
+
+    threading.Thread(target=relay, name="signal-relay", daemon=True).start()
 
 
 def install_interrupt_handler() -> None:
@@ -75,6 +93,7 @@ def install_interrupt_handler() -> None:
     """
     if threading.current_thread() is not threading.main_thread():
         return
+    _relay_stop_signals()
     # SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM: builds are not left running.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         previous = signal.getsignal(sig)
@@ -87,7 +106,7 @@ def install_interrupt_handler() -> None:
             with _live_lock:
                 running = list(_live)
             for p in running:
-                stop_group(p, grace=2.0)
+                stop_group(p, grace=2.0, reap=False)
             if first and running:
                 # Let the threads that ran them see their commands fail: they mark their
                 # logs and remove their temporary files, and doit stops for the failure.
@@ -166,20 +185,35 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def stop_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    if proc.poll() is not None:
-        return
+def _ended(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the command's leader has ended, without reaping it: the thread in :func:`run` waits for it."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 5.0, *, reap: bool = True) -> None:
+    """TERM, then KILL after ``grace`` seconds, the command's process group.
+
+    With ``reap=False`` (the interrupt handler, a timeout's timer) the leader is left for the thread that
+    waits for it: reaping it here made that thread's ``wait4`` fail with ECHILD, and its task end with a
+    traceback instead of "interrupted".
+    """
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        if _ended(proc):
+            break
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return
+        while time.monotonic() < deadline and not _ended(proc):
             time.sleep(0.05)
-    proc.wait()
+    if reap:
+        proc.wait()
 
 
 def run(
@@ -236,21 +270,19 @@ def run(
 
             def expire(p: subprocess.Popen[bytes] = proc) -> None:
                 expired.set()
-                stop_group(p, grace=2.0)
+                stop_group(p, grace=2.0, reap=False)
 
             timer = threading.Timer(timeout, expire)
             timer.daemon = True
-            with _signals_to_main_thread():
-                timer.start()  # its thread inherits the mask
+            timer.start()
         try:
-            with _signals_to_main_thread():
-                if on_line is not None:
-                    assert proc.stdout is not None
-                    for raw in proc.stdout:
-                        out.write(raw)
-                        out.flush()
-                        on_line(raw.decode("utf-8", "replace"))
-                _pid, status, usage = os.wait4(proc.pid, 0)
+            if on_line is not None:
+                assert proc.stdout is not None
+                for raw in proc.stdout:
+                    out.write(raw)
+                    out.flush()
+                    on_line(raw.decode("utf-8", "replace"))
+            _pid, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = code = os.waitstatus_to_exitcode(status)
         except BaseException:
             stop_group(proc)

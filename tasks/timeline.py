@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks import proc, procfs
+from tasks import procfs
 from tasks.cache import write_atomic
 
 _PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
@@ -163,7 +163,6 @@ class Progress:
             self._thread.join()
 
     def _beat(self) -> None:
-        proc.leave_signals_to_main_thread()
         while not self._stop.wait(self.every):
             self.emit(self.line())
 

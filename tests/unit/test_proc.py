@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,15 +62,31 @@ def test_error_lines_are_capped_and_clipped(tmp_path: Path) -> None:
 
 
 # A process shaped like `doit -n N`: the command runs in a daemon worker thread,
-# which cleans up after it fails; the main thread waits on a queue.
+# which cleans up after it fails; the main thread waits on a queue. argv[3] > 0:
+# the worker is that many seconds late to wait for its command (a loaded host).
+# argv[4] == "bystander": another thread takes a Ctrl-C of its own once the command runs.
 _WORKER = """
-import os, queue, sys, threading, time
+import os, queue, signal, sys, threading, time
 from pathlib import Path
-from tasks import proc
+from tasks import proc, workspace
 from tasks.errors import ReproError
 
 work = Path(sys.argv[1])
 proc.install_interrupt_handler()
+if sys.argv[4] == "bystander":
+    def bystander():
+        while not ((work / "build.log").exists() and "started" in (work / "build.log").read_text()):
+            time.sleep(0.05)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        time.sleep(300)
+    threading.Thread(target=bystander, daemon=True).start()
+if float(sys.argv[3]) > 0:
+    noted = workspace.session
+    def late(pid, live):
+        noted(pid, live)
+        if live:
+            time.sleep(float(sys.argv[3]))
+    workspace.session = late
 done = queue.Queue()
 
 def worker():
@@ -91,15 +108,29 @@ sys.exit(1)
 """
 
 
-def _start_worker(tmp_path: Path, cleanup_s: float) -> subprocess.Popen[str]:
+@pytest.fixture
+def workers() -> Iterator[list[subprocess.Popen[str]]]:
+    """The worker processes a test started, killed whatever the test's outcome (no stray run in later tests)."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+
+
+def _start_worker(
+    workers: list[subprocess.Popen[str]], tmp_path: Path, cleanup_s: float, late_s: float = 0.0, bystander: bool = False
+) -> subprocess.Popen[str]:
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(repo))
     p = subprocess.Popen(
-        [sys.executable, "-c", _WORKER, str(tmp_path), str(cleanup_s)],
+        [sys.executable, "-c", _WORKER, str(tmp_path), str(cleanup_s), str(late_s), "bystander" if bystander else "-"],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
     )
+    workers.append(p)
     log = tmp_path / "build.log"
     deadline = time.monotonic() + 60
     while not (log.exists() and "started" in log.read_text()):
@@ -108,8 +139,13 @@ def _start_worker(tmp_path: Path, cleanup_s: float) -> subprocess.Popen[str]:
     return p
 
 
-def test_ctrl_c_lets_the_worker_thread_clean_up(tmp_path: Path) -> None:
-    p = _start_worker(tmp_path, cleanup_s=1.0)
+@pytest.mark.parametrize("late_s", [0.0, 1.0], ids=["waiting", "late-to-wait"])
+def test_ctrl_c_lets_the_worker_thread_clean_up(
+    tmp_path: Path, workers: list[subprocess.Popen[str]], late_s: float
+) -> None:
+    # late-to-wait: the handler stops the command before its thread waits for it; the handler
+    # used to reap it too, and the thread's wait4 then died with ECHILD (no "interrupted", no cleanup).
+    p = _start_worker(workers, tmp_path, cleanup_s=1.0, late_s=late_s)
     p.send_signal(signal.SIGINT)
     _out, err = p.communicate(timeout=60)
     assert p.returncode == 1, err  # the worker's failure ended the run, not a KeyboardInterrupt
@@ -121,8 +157,18 @@ def test_ctrl_c_lets_the_worker_thread_clean_up(tmp_path: Path) -> None:
     assert "cleaning up" in err
 
 
-def test_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
-    p = _start_worker(tmp_path, cleanup_s=120.0)
+def test_a_ctrl_c_another_thread_took_is_answered(tmp_path: Path, workers: list[subprocess.Popen[str]]) -> None:
+    # The kernel may hand a Ctrl-C to any thread; Python runs the handler in the main thread, which
+    # sat blocked on the queue (as doit's runner does) until the command ended on its own, 300 s on.
+    p = _start_worker(workers, tmp_path, cleanup_s=0.0, bystander=True)
+    _out, err = p.communicate(timeout=30)
+    assert p.returncode == 1, err
+    assert "interrupted" in (tmp_path / "error.txt").read_text()
+    assert "cleaning up" in err
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path: Path, workers: list[subprocess.Popen[str]]) -> None:
+    p = _start_worker(workers, tmp_path, cleanup_s=120.0)
     p.send_signal(signal.SIGINT)
     deadline = time.monotonic() + 30
     while not (tmp_path / "error.txt").exists():
@@ -134,3 +180,19 @@ def test_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
     assert p.returncode != 0 and "KeyboardInterrupt" in err
     assert not (tmp_path / "cleaned").exists()
+
+
+def test_a_timeout_before_the_wait_is_a_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The timer stops the command before run() waits for it (as on a loaded host): still the timeout
+    # error. The timer used to reap the command, and run()'s wait4 then failed with ECHILD.
+    wait4 = os.wait4
+
+    def late(pid: int, options: int) -> tuple[int, int, object]:
+        time.sleep(1.0)
+        return wait4(pid, options)
+
+    monkeypatch.setattr(proc.os, "wait4", late)
+    log = tmp_path / "slow.log"
+    with pytest.raises(ReproError, match=r"timed out after 0.2 s; its process group was stopped"):
+        proc.run(["sleep", "30"], env=dict(os.environ), log=log, timeout=0.2)
+    assert "# timed out after 0.2 s" in log.read_text()
