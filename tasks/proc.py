@@ -76,7 +76,8 @@ def _relay_stop_signals() -> None:
     def relay() -> None:
         while True:
             if stops.intersection(reader.recv(256)):
-                signal.pthread_kill(main, _POKE)
+                with contextlib.suppress(OSError):  # the main thread is gone: the process is ending
+                    signal.pthread_kill(main, _POKE)
 
     threading.Thread(target=relay, name="signal-relay", daemon=True).start()
 
