@@ -22,11 +22,21 @@ bash scripts/bootstrap.sh
 DOIT=.venv/bin/doit  # the venv's doit: it runs builds with the venv's pinned tools (ninja 1.13), activated or not
 PORT=8737  # the port examples/example.lock names
 .venv/bin/python tests/fixtures/make_fixtures.py build/example-upstream >/dev/null
-.venv/bin/python tests/fixtures/serve.py build/example-upstream --port "$PORT" &
+SERVED=build/example-upstream.serve.log
+.venv/bin/python tests/fixtures/serve.py build/example-upstream --port "$PORT" >"$SERVED" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
-sleep 1
-kill -0 "$SERVER" 2>/dev/null || { say "cannot serve on 127.0.0.1:$PORT (port busy?)" >&2; exit 1; }
+# Go on once it listens (it says so), not after a guess: a loaded host can take longer than a second.
+for _ in $(seq 300); do
+  grep -q '^serving ' "$SERVED" 2>/dev/null && break
+  kill -0 "$SERVER" 2>/dev/null || break
+  sleep 0.1
+done
+grep -q '^serving ' "$SERVED" 2>/dev/null || {
+  say "cannot serve the example upstreams on 127.0.0.1:$PORT; the server said:" >&2
+  sed 's/^/  /' "$SERVED" >&2
+  exit 1
+}
 # This workspace's default lock: a later `doit ...` without lock= keeps to the example.
 if [ ! -e reprostack.toml ]; then
   printf '# Written by examples/quickstart.sh: defaults of this workspace (docs/tasks.md, "Variables").\nlock = "examples/example.lock"\n' >reprostack.toml

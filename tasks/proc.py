@@ -31,7 +31,14 @@ TAIL_LINES = 40
 
 #: Process groups started by run() and still running, for the interrupt handler.
 _live: set[subprocess.Popen[bytes]] = set()
-_live_lock = threading.Lock()
+#: Commands being started (forked, not yet in _live); both under _live_lock, which run() holds from its
+#: interrupted-check to the command's registration, so the handler waits for a command another thread
+#: is starting and then sees it. Reentrant: the handler may run in the thread that holds it.
+_starting = 0
+#: Commands that ended after the interrupt flag was set (under _live_lock): their threads see the interrupt
+#: too. A thread that stopped its own command for the flag could end it before the handler looked.
+_ended_interrupted = 0
+_live_lock = threading.RLock()
 _interrupted = threading.Event()
 #: Seconds the first Ctrl-C leaves running builds to clean up before the process exits anyway.
 FORCE_EXIT_AFTER = 60.0
@@ -106,16 +113,18 @@ def install_interrupt_handler() -> None:
             _interrupted.set()
             with _live_lock:
                 running = list(_live)
+                starting = _starting  # in this (the main) thread: it stops its command itself once started
+                ended = _ended_interrupted
             for p in running:
                 stop_group(p, grace=2.0, reap=False)
-            if first and running:
+            if first and (running or starting or ended):
                 # Let the threads that ran them see their commands fail: they mark their
                 # logs and remove their temporary files, and doit stops for the failure.
                 # Raising here instead would end the process under them (doit's threads
                 # are daemons). A second signal, or the timer, exits at once.
                 with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
                     sys.stderr.write(
-                        f"\ninterrupted: stopped {len(running)} running command(s), cleaning up"
+                        f"\ninterrupted: stopped {len(running) + starting + ended} running command(s), cleaning up"
                         f" (signal again to exit now; forced in {FORCE_EXIT_AFTER:.0f} s)\n"
                     )
                 timer = threading.Timer(FORCE_EXIT_AFTER, _thread.interrupt_main, args=(signum,))
@@ -237,46 +246,57 @@ def run(
     Raises ``error`` naming ``what`` with the tail of the log when the command
     fails or cannot be started.
     """
+    global _starting, _ended_interrupted
     if stdout is not None and on_line is not None:
         raise ValueError("run(): stdout= and on_line= exclude each other")
-    log.parent.mkdir(parents=True, exist_ok=True)
     label = what or shlex.join(cmd)
     if _interrupted.is_set():
         raise error(f"{label}: not started, the run was interrupted")
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out, stdout.open("wb") if stdout else contextlib.nullcontext() as data:
         out.write(f"$ {shlex.join(cmd)}{f' > {stdout}' if stdout else ''}\n".encode())
         if cwd is not None:
             out.write(f"# in {cwd}\n".encode())
         out.flush()
-        try:
-            proc = subprocess.Popen(
-                list(cmd),
-                env=dict(env),
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=data if data is not None else subprocess.PIPE if on_line else out,
-                stderr=out if data is not None else subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise error(f"{label}: cannot start {cmd[0]!r}: {exc.strerror}") from None
+        # Checked, started and registered as one step for the interrupt handler: a Ctrl-C between the
+        # fork and the registration found nothing running, raised KeyboardInterrupt and left the command
+        # running in its own session.
         with _live_lock:
-            _live.add(proc)
-        workspace.session(proc.pid, live=True)  # for the next run, should this one be killed
-        if on_start is not None:
-            on_start(proc.pid)  # the leader of the command's own session
+            if _interrupted.is_set():  # since the check above
+                raise error(f"{label}: not started, the run was interrupted")
+            _starting += 1
+            try:
+                proc = subprocess.Popen(
+                    list(cmd),
+                    env=dict(env),
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=data if data is not None else subprocess.PIPE if on_line else out,
+                    stderr=out if data is not None else subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                _live.add(proc)
+            except OSError as exc:
+                raise error(f"{label}: cannot start {cmd[0]!r}: {exc.strerror}") from None
+            finally:
+                _starting -= 1
         expired = threading.Event()
         timer = None
-        if timeout is not None:
-
-            def expire(p: subprocess.Popen[bytes] = proc) -> None:
-                expired.set()
-                stop_group(p, grace=2.0, reap=False)
-
-            timer = threading.Timer(timeout, expire)
-            timer.daemon = True
-            timer.start()
         try:
+            workspace.session(proc.pid, live=True)  # for the next run, should this one be killed
+            if on_start is not None:
+                on_start(proc.pid)  # the leader of the command's own session
+            if timeout is not None:
+
+                def expire(p: subprocess.Popen[bytes] = proc) -> None:
+                    expired.set()
+                    stop_group(p, grace=2.0, reap=False)
+
+                timer = threading.Timer(timeout, expire)
+                timer.daemon = True
+                timer.start()
+            if _interrupted.is_set():  # the handler ran in this thread while it started the command
+                stop_group(proc, grace=2.0, reap=False)
             if on_line is not None:
                 assert proc.stdout is not None
                 for raw in proc.stdout:
@@ -295,6 +315,8 @@ def run(
                 timer.cancel()
             with _live_lock:
                 _live.discard(proc)
+                if _interrupted.is_set():
+                    _ended_interrupted += 1
             workspace.session(proc.pid, live=False)
     if expired.is_set():
         with log.open("ab") as again:

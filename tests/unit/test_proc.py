@@ -62,9 +62,11 @@ def test_error_lines_are_capped_and_clipped(tmp_path: Path) -> None:
 
 
 # A process shaped like `doit -n N`: the command runs in a daemon worker thread,
-# which cleans up after it fails; the main thread waits on a queue. argv[3] > 0:
-# the worker is that many seconds late to wait for its command (a loaded host).
-# argv[4] == "bystander": another thread takes a Ctrl-C of its own once the command runs.
+# which cleans up after it fails; the main thread waits on a queue. argv[3], as on a
+# loaded host: "register", the worker is a second late to register its started
+# command; "wait", a second late to wait for it. argv[4] == "bystander": another
+# thread takes a Ctrl-C of its own once the command runs; "main": the command runs
+# in the main thread (doit without -n).
 _WORKER = """
 import os, queue, signal, sys, threading, time
 from pathlib import Path
@@ -75,17 +77,25 @@ work = Path(sys.argv[1])
 proc.install_interrupt_handler()
 if sys.argv[4] == "bystander":
     def bystander():
-        while not ((work / "build.log").exists() and "started" in (work / "build.log").read_text()):
+        while not ((work / "build.log").exists() and "started" in (work / "build.log").read_text().splitlines()):
             time.sleep(0.05)
         signal.pthread_kill(threading.get_ident(), signal.SIGINT)
         time.sleep(300)
     threading.Thread(target=bystander, daemon=True).start()
-if float(sys.argv[3]) > 0:
+if sys.argv[3] == "register":
+    import subprocess
+    popen = subprocess.Popen
+    def late_popen(*args, **kwargs):
+        started = popen(*args, **kwargs)
+        time.sleep(1.0)
+        return started
+    subprocess.Popen = late_popen
+if sys.argv[3] == "wait":
     noted = workspace.session
     def late(pid, live):
         noted(pid, live)
         if live:
-            time.sleep(float(sys.argv[3]))
+            time.sleep(1.0)
     workspace.session = late
 done = queue.Queue()
 
@@ -102,8 +112,11 @@ def worker():
             (work / "refused.txt").write_text(str(again))
     done.put(1)
 
-threading.Thread(target=worker, daemon=True).start()
-done.get()
+if sys.argv[4] == "main":
+    worker()
+else:
+    threading.Thread(target=worker, daemon=True).start()
+    done.get()
 sys.exit(1)
 """
 
@@ -120,12 +133,12 @@ def workers() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 def _start_worker(
-    workers: list[subprocess.Popen[str]], tmp_path: Path, cleanup_s: float, late_s: float = 0.0, bystander: bool = False
+    workers: list[subprocess.Popen[str]], tmp_path: Path, cleanup_s: float, late: str = "-", thread: str = "worker"
 ) -> subprocess.Popen[str]:
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(repo))
     p = subprocess.Popen(
-        [sys.executable, "-c", _WORKER, str(tmp_path), str(cleanup_s), str(late_s), "bystander" if bystander else "-"],
+        [sys.executable, "-c", _WORKER, str(tmp_path), str(cleanup_s), late, thread],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -133,19 +146,25 @@ def _start_worker(
     workers.append(p)
     log = tmp_path / "build.log"
     deadline = time.monotonic() + 60
-    while not (log.exists() and "started" in log.read_text()):
+    # The command's own line: the log's first line, the command echoed, names "started" too
+    # (a Ctrl-C sent on that came before the fork, and the test hung on it in CI).
+    while not (log.exists() and "started" in log.read_text().splitlines()):
         assert time.monotonic() < deadline and p.poll() is None, "the command never started"
         time.sleep(0.05)
     return p
 
 
-@pytest.mark.parametrize("late_s", [0.0, 1.0], ids=["waiting", "late-to-wait"])
+@pytest.mark.parametrize(
+    ("late", "thread"), [("-", "worker"), ("register", "worker"), ("wait", "worker"), ("register", "main")]
+)
 def test_ctrl_c_lets_the_worker_thread_clean_up(
-    tmp_path: Path, workers: list[subprocess.Popen[str]], late_s: float
+    tmp_path: Path, workers: list[subprocess.Popen[str]], late: str, thread: str
 ) -> None:
-    # late-to-wait: the handler stops the command before its thread waits for it; the handler
-    # used to reap it too, and the thread's wait4 then died with ECHILD (no "interrupted", no cleanup).
-    p = _start_worker(workers, tmp_path, cleanup_s=1.0, late_s=late_s)
+    # register: the Ctrl-C comes between the fork and the command's registration; the handler found
+    # nothing running, raised KeyboardInterrupt and left the command running.
+    # wait: the handler stops the command before its thread waits for it; the handler used to reap
+    # it too, and the thread's wait4 then died with ECHILD (no "interrupted", no cleanup).
+    p = _start_worker(workers, tmp_path, cleanup_s=1.0, late=late, thread=thread)
     p.send_signal(signal.SIGINT)
     _out, err = p.communicate(timeout=60)
     assert p.returncode == 1, err  # the worker's failure ended the run, not a KeyboardInterrupt
@@ -160,7 +179,7 @@ def test_ctrl_c_lets_the_worker_thread_clean_up(
 def test_a_ctrl_c_another_thread_took_is_answered(tmp_path: Path, workers: list[subprocess.Popen[str]]) -> None:
     # The kernel may hand a Ctrl-C to any thread; Python runs the handler in the main thread, which
     # sat blocked on the queue (as doit's runner does) until the command ended on its own, 300 s on.
-    p = _start_worker(workers, tmp_path, cleanup_s=0.0, bystander=True)
+    p = _start_worker(workers, tmp_path, cleanup_s=0.0, thread="bystander")
     _out, err = p.communicate(timeout=30)
     assert p.returncode == 1, err
     assert "interrupted" in (tmp_path / "error.txt").read_text()
@@ -172,6 +191,7 @@ def test_second_ctrl_c_exits_at_once(tmp_path: Path, workers: list[subprocess.Po
     p.send_signal(signal.SIGINT)
     deadline = time.monotonic() + 30
     while not (tmp_path / "error.txt").exists():
+        assert p.poll() is None, f"the first Ctrl-C ended the process: {p.communicate()[1]}"
         assert time.monotonic() < deadline, "the first Ctrl-C did not stop the command"
         time.sleep(0.05)
     started = time.monotonic()
