@@ -391,3 +391,32 @@ def test_cuda_extension_has_sm90a_sass(tmp_path: Path, build_wheel: Callable[[st
     # static cudart: the module must not need libcudart.so at load time
     needed = _run(["readelf", "-d", str(so)], env) if shutil.which("readelf") else ""
     assert "libcudart" not in needed
+
+
+def test_serve_says_when_it_listens_and_a_busy_port_in_one_line(tmp_path: Path) -> None:
+    """serve.py as the quickstart runs it: it says "serving" once it listens; a busy port is one line, exit 1."""
+    (tmp_path / "hello.txt").write_text("hi\n")
+    server = subprocess.Popen(
+        [sys.executable, str(FIXTURES_DIR / "serve.py"), str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line.startswith("serving "), line
+        url = line.split(" at ")[1].split()[0]
+        with urllib.request.urlopen(f"{url}/hello.txt", timeout=10) as response:
+            assert response.read() == b"hi\n"
+        busy = subprocess.run(
+            [sys.executable, str(FIXTURES_DIR / "serve.py"), str(tmp_path), "--port", url.rsplit(":", 1)[1]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert busy.returncode == 1
+        assert busy.stderr.strip().startswith("cannot listen on 127.0.0.1:") and "\n" not in busy.stderr.strip()
+    finally:
+        server.kill()
+        server.communicate()
