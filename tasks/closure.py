@@ -40,7 +40,7 @@ from packaging.version import InvalidVersion, Version
 from tasks import pypi
 from tasks.cache import rmtree, warn
 from tasks.errors import LockError, VerificationError
-from tasks.index import wheel_metadata
+from tasks.index import wheel_metadata, wheel_problem
 from tasks.lockfile import Runtime
 from tasks.treehash import file_sha256
 
@@ -298,6 +298,7 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
         folder = store / sha
         for path in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
             if file_sha256(path) == sha:
+                _refuse_unless_of(path, pin, sha, f"cached as {path.name}")
                 return path
             warn(f"corrupted fetched wheel {path}: its sha256 changed; discarded, it is fetched again")
             rmtree(folder)
@@ -332,6 +333,7 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
                     f"[runtime] {pin.name}=={pin.version}: {origin} has sha256 {sha}, which the lock does not pin "
                     f"({', '.join(h[:12] for h in pin.hashes)}); refusing it, nothing was kept"
                 )
+            _refuse_unless_of(dest, pin, sha, f"from {origin}")
             final = store / sha
             final.mkdir(parents=True, exist_ok=True)
             os.chmod(dest, 0o644)
@@ -341,6 +343,19 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
     finally:
         rmtree(tmp)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _refuse_unless_of(path: Path, pin: Pin, sha: str, where: str) -> None:
+    """VerificationError unless ``path`` is a wheel of ``pin``'s project at its version, by its file name and
+    its own METADATA: a pin's sha256 repointed at another wheel (another pin's, an older version's) is refused
+    whether that wheel comes from the cache, the mirror or the index."""
+    problem = wheel_problem(path, pin.name, pin.version)
+    if problem is not None:
+        raise VerificationError(
+            f"[runtime] {pin.name}=={pin.version}: the file of its pinned sha256 {sha[:12]}… ({where}) "
+            f"is not a wheel of {pin.name} {pin.version}: {problem}; the pin names another wheel, nothing of it is "
+            "placed: re-pin with `doit lock update=runtime`"
+        )
 
 
 def _is_of(filename: str, pin: Pin) -> bool:

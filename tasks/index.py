@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 MANIFEST_FORMAT = 1
 
@@ -45,6 +46,42 @@ def wheel_metadata(wheel: Path) -> tuple[str, Message]:
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, zlib.error) as exc:
         raise ValueError(f"not a readable wheel ({exc})") from None
     return found[0], BytesHeaderParser().parsebytes(head)
+
+
+def wheel_problem(wheel: Path, project: str, version: str = "") -> str | None:
+    """Why ``wheel`` is not a wheel of ``project`` (at ``version``, when given); None when it is.
+
+    A file name is anyone's word: the ``Name`` and ``Version`` of the wheel's own ``*.dist-info/METADATA``
+    (what pip installs it as) must be the project and version of its file name, and those the expected ones.
+    """
+    try:
+        name, file_version, _build, _tags = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename:
+        return f"{wheel.name!r} is not a wheel file name (NAME-VERSION-TAGS.whl)"
+    want = canonicalize_name(project)
+    if name != want:
+        return f"its file name {wheel.name} is of {str(name)!r}, not {project!r}"
+    if version and not _same_version(str(file_version), version):
+        return f"its file name {wheel.name} is of version {file_version}, not {version}"
+    try:
+        where, meta = wheel_metadata(wheel)
+    except ValueError as exc:
+        return str(exc)
+    meta_name, meta_version = (meta.get("Name") or "").strip(), (meta.get("Version") or "").strip()
+    if not meta_name or not meta_version:
+        return f"its {where} has no {'Name' if not meta_name else 'Version'}"
+    if canonicalize_name(meta_name) != want:
+        return f"its {where} names the project {meta_name!r}, not {project!r}"
+    if not _same_version(meta_version, str(file_version)):
+        return f"its {where} says version {meta_version}, but its file name {wheel.name} says {file_version}"
+    return None
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
 
 
 @dataclass(frozen=True, kw_only=True)

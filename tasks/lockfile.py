@@ -756,16 +756,17 @@ def load_lock(path: Path, *, require_pins: bool = True) -> Lock:
         data = path.read_bytes()
     except FileNotFoundError:
         raise LockError(f"{path}: lock file not found (set lock=PATH or REPRO_LOCK)") from None
+    except OSError as exc:
+        raise LockError(f"{path}: cannot read the lock file: {exc.strerror or exc}") from None
     try:
         doc = tomllib.loads(data.decode("utf-8"))
+        return parse_lock(doc, path=path, sha256=hashlib.sha256(data).hexdigest(), require_pins=require_pins)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise LockError(f"{path}: not valid TOML: {exc}") from None
-    return parse_lock(
-        doc,
-        path=path,
-        sha256=hashlib.sha256(data).hexdigest(),
-        require_pins=require_pins,
-    )
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively (about 490 levels overflow the stack), and
+        # so would any check or message of ours that walks or prints such a value: no lock nests that deep.
+        raise LockError(f"{path}: not a lock this tool reads: a value is nested too deeply") from None
 
 
 def parse_lock(
@@ -865,12 +866,20 @@ def _parse_runtime(p: _Problems, raw: Any, where: str = "runtime") -> Runtime | 
     python = raw.get("python", "")
     if not PYTHON_TARGET_RE.match(python):
         p.add(where, f"python must be the target's CPython as '3.Y' (such as '3.12'), got {python!r}")
+    resolved = _parse_pins(p, f"{where}.resolved", raw.get("resolved", []), hashed=True)
+    owners: dict[str, str] = {}
+    for pin in resolved:  # a file is a wheel of one project at one version: a sha256 under two pins is a repoint
+        for sha in pin.hashes:
+            other = owners.setdefault(sha, pin.name)
+            if other != pin.name:
+                p.add(f"{where}.resolved", f"{pin.name}=={pin.version} has the sha256 {sha[:12]}… of the pin of "
+                      f"{other} (one file is one wheel): re-pin with `doit lock update=runtime`")  # fmt: skip
     runtime = Runtime(
         requirements=tuple(requirements),
         provided=tuple(sorted(provided.items())),
         python=python,
         platforms=tuple(raw.get("platforms", ())),
-        resolved=_parse_pins(p, f"{where}.resolved", raw.get("resolved", []), hashed=True),
+        resolved=resolved,
         resolved_from=raw.get("resolved_from", ""),
         verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
     )
@@ -894,7 +903,7 @@ def _check_wheel_sources(
                           f"{_suggest(ref.source, sources)}")  # fmt: skip
                 elif patch_src.kind == "wheel":
                     p.add(f"packages.{name}", f"patch source {ref.source!r} is a wheel; patches come from source trees")
-                if ref.path.startswith("/") or ".." in Path(ref.path).parts or not ref.path:
+                if leaves_folder(ref.path):
                     p.add(f"packages.{name}", f"patch path {ref.path!r} must be relative and inside its source")
     for wheel in toolchain.hermetic_wheels:
         if wheel not in sources:
@@ -1149,16 +1158,39 @@ def _check_package_values(
                 where,
                 f"toolchain_extras entry {extra!r} is unknown{_suggest(extra, TOOLCHAIN_EXTRAS)}",
             )
-    if patches_dir is not None:
-        for patch in entry.get("patches", ()):
-            if isinstance(patch, str) and not (patches_dir / name / patch).is_file():
-                p.add(where, f"patch {patch!r} not found at {patches_dir / name / patch}")
+    for patch in entry.get("patches", ()):
+        if not isinstance(patch, str):
+            continue
+        if leaves_folder(patch):
+            p.add(where, f"patch {patch!r} must be a path inside patches/{name}/ (relative, without '..'), as a "
+                  "{ source, path } patch's must be inside its source")  # fmt: skip
+        elif patches_dir is not None:
+            _check_patch_file(p, where, patches_dir / name, patch)
     verify = entry.get("verify")
     if isinstance(verify, dict):
         p.check_table(f"{where}.verify", verify, VERIFY_FIELDS)
     subdir = entry.get("subdir", "")
     if subdir.startswith("/") or ".." in Path(subdir).parts:
         p.add(where, f"subdir {subdir!r} must be relative and inside the tree")
+
+
+def leaves_folder(rel: str) -> bool:
+    """Whether ``rel``, a path the lock names inside a folder, may lead out of it as written: empty or the
+    folder itself, absolute, or with a '..' component (a link in the folder is checked on the file system)."""
+    parts = PurePosixPath(rel).parts
+    return not parts or rel.startswith("/") or ".." in parts or "\0" in rel
+
+
+def _check_patch_file(p: _Problems, where: str, folder: Path, patch: str) -> None:
+    """A patch of ours is a file in its package's folder, also once symbolic links are followed."""
+    path = folder / patch
+    if not path.is_file():
+        p.add(where, f"patch {patch!r} not found at {path}")
+        return
+    real, inside = path.resolve(), folder.parent.resolve() / folder.name
+    if not real.is_relative_to(inside):
+        p.add(where, f"patch {patch!r} at {path} is a symbolic link out of {folder}, to {real}; a patch lies in "
+              "its package's folder (copy it there)")  # fmt: skip
 
 
 #: What a prebuilt package (its source a wheel file) may set: nothing about a build.

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from packaging.utils import canonicalize_name
 
 from tasks.cache import Cache, WheelEntry, warn
-from tasks.index import wheel_metadata, wheel_project
+from tasks.index import wheel_problem, wheel_project
 from tasks.keys import action_key, canonical_json
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Remote:
                 problem = self._download(f"cas/{record['sha256']}", path, record["size"], record["sha256"])
                 if problem is None:
                     # The record's file name is the server's word; the wheel's own METADATA says what it is.
-                    problem = wheel_name_problem(path, distribution or found)
+                    problem = wheel_problem(path, distribution or found)
                 if problem is not None:
                     warn(
                         f"remote blob {self.url}/cas/{record['sha256']} for {package} rejected: {problem}; "
@@ -214,20 +214,6 @@ class Remote:
             self._off = True
         if first:
             warn(f"remote cache {self.url} unavailable ({problem}); not consulted again in this run, building locally")
-
-
-def wheel_name_problem(wheel: Path, distribution: str) -> str | None:
-    """Why ``wheel`` is not a wheel of ``distribution`` by its own ``*.dist-info/METADATA`` Name; None when it is."""
-    try:
-        where, meta = wheel_metadata(wheel)
-    except ValueError as exc:
-        return str(exc)
-    name = (meta.get("Name") or "").strip()
-    if not name:
-        return f"its {where} has no Name"
-    if canonicalize_name(name) != canonicalize_name(distribution):
-        return f"its {where} names the project {name!r}, not {distribution!r}"
-    return None
 
 
 def _measure(path: Path) -> tuple[int, str]:

@@ -48,7 +48,8 @@ def failing_hunk(patch_text: str, path: str, line: int) -> str:
 
 
 def apply_patches(root: Path, patches: Sequence[Patch], log: Path) -> None:
-    """Apply each patch to the tree at ``root`` with ``git apply``."""
+    """Apply each patch to the tree at ``root`` with ``git apply``; after each, every symbolic link of the tree
+    must lead inside it (:class:`VerificationError` naming the patch and the link)."""
     env = dict(os.environ)
     # Never let git discover a repository around the staged tree (ours, say).
     env["GIT_CEILING_DIRECTORIES"] = str(root.parent)
@@ -89,6 +90,15 @@ def apply_patches(root: Path, patches: Sequence[Patch], log: Path) -> None:
         finally:
             if applied != path.resolve():
                 applied.unlink(missing_ok=True)
+        # git apply writes symbolic links as the diff says (`new file mode 120000`), to any target: the tree the
+        # build compiles must lead nowhere out of itself, followed through its own links as after the fetch.
+        links = members.tree_links(root)
+        bad = members.escaping_link(links)
+        if bad is not None:
+            raise VerificationError(
+                f"patch {name} makes {bad} a symbolic link out of the tree: {bad} -> {links[bad]}; refusing to build "
+                "from it, no patched tree was kept (a patch may add links only to files of the sources)"
+            )
 
 
 def settle_patched_mtimes(root: Path, *, since: float) -> None:

@@ -21,8 +21,9 @@ from packaging.version import Version
 from tasks import index, provenance
 from tasks.cache import WheelEntry, copy_atomic, rmtree, write_atomic
 from tasks.context import Context
-from tasks.errors import BuildError, LockError
+from tasks.errors import BuildError, LockError, VerificationError
 from tasks.index import wheel_project
+from tasks.lockfile import Package
 from tasks.treehash import file_sha256
 
 
@@ -91,13 +92,7 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         records = []
         entries = {pkg.name: build_package(ctx, pkg) for pkg in ctx.active}  # verified by hash; rebuilt when corrupted
         for pkg in ctx.active:  # before anything is written: one wheel per distribution, the package's own
-            found = wheel_project(entries[pkg.name].path.name)
-            if found != pkg.distribution_name:
-                raise BuildError(
-                    f"package {pkg.name} built {entries[pkg.name].path.name}, a wheel of {found!r}, not of "
-                    f"{pkg.distribution_name!r}: set `distribution = {found!r}` for it in {ctx.lock.path} (two "
-                    "packages of one lock may not build one distribution); nothing was written to wheels/"
-                )
+            check_wheel(ctx, pkg, entries[pkg.name])
         fetched = fetch_closure(ctx, entries)  # checks the built wheels' requirements first
         # From here wheels/ changes: without its manifest it reads as incomplete until the manifest is
         # written last, whatever stops this part (a full disk, a signal).
@@ -172,6 +167,32 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
     return records
 
 
+def check_wheel(ctx: Context, pkg: Package, entry: WheelEntry) -> None:
+    """Refuse ``pkg``'s wheel unless it is of the package's distribution, by its file name and its own METADATA
+    (``Name``, and ``Version`` as its file name says; a prebuilt one's, as its pinned file name says)."""
+    found = wheel_project(entry.path.name)
+    if found != pkg.distribution_name:
+        raise BuildError(
+            f"package {pkg.name} built {entry.path.name}, a wheel of {found!r}, not of "
+            f"{pkg.distribution_name!r}: set `distribution = {found!r}` for it in {ctx.lock.path} (two "
+            "packages of one lock may not build one distribution); nothing was written to wheels/"
+        )
+    version = wheel_version(ctx.lock.sources[pkg.source].filename) if pkg.prebuilt else ""
+    problem = index.wheel_problem(entry.path, pkg.distribution_name, version)
+    if problem is None:
+        return
+    if pkg.prebuilt:
+        src = ctx.lock.sources[pkg.source]
+        raise VerificationError(
+            f"package {pkg.name}: the prebuilt wheel of source {src.name} ({src.url}, sha256 {entry.sha256[:12]}…) "
+            f"is not a wheel of {pkg.distribution_name} {version}: {problem}; nothing was written to wheels/"
+        )
+    raise BuildError(
+        f"package {pkg.name}: its wheel {entry.path.name} (key {entry.key[:12]}) is not a wheel of "
+        f"{pkg.distribution_name}: {problem}; nothing was written to wheels/"
+    )
+
+
 def _place(path: Path, size: int, sha256: str, out: Path) -> None:
     """Copy a verified wheel into ``out`` unless the same file is there; say so when it replaces a changed one."""
     dest = out / path.name
@@ -232,6 +253,12 @@ def fetch_closure(ctx: Context, entries: Mapping[str, WheelEntry]) -> dict[str, 
         path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), store, mirror=ctx.settings.mirror,
                              indexes=None, target=target)  # fmt: skip
         origin = (path.parent / "origin").read_text().strip() if (path.parent / "origin").is_file() else ""
+        # The coverage below reads what the files are, not what the pins say: each is its pin's project and
+        # version by its own METADATA (closure.fetch refuses another; checked again before it counts).
+        problem = index.wheel_problem(path, pin.name, pin.version)
+        if problem is not None:
+            raise VerificationError(f"[runtime] {pin.name}=={pin.version}: {path} is not a wheel of it: {problem}; "
+                                    "nothing was written to wheels/")  # fmt: skip
         found[pin.name] = (path, origin)
     # The closure covers itself too (a pin lost in an edit of `resolved` would leave a wheel's need unmet).
     for name, (path, _origin) in sorted(found.items()):

@@ -55,3 +55,32 @@ def test_a_stored_closure_wheel_is_checked_again_and_a_changed_one_fetched_again
     with pytest.raises(VerificationError, match="which the lock does not pin"):
         fetch(pin, store, mirror=mirror, indexes=[], target=TARGET)
     assert list(store.iterdir()) == []
+
+
+def test_a_pin_whose_sha256_is_another_wheel_is_refused_from_the_store_and_the_mirror(tmp_path: Path) -> None:
+    """A pin's sha256 names the file: one that is another project's wheel, or another version's, by its file name
+    or its own METADATA, is refused wherever it comes from (issue 26: a warm cache took any stored file)."""
+    store = tmp_path / "store"
+    older, older_sha = write_wheel(tmp_path / "older", "repro-colors", "1.0.0", (), "COLOR = 'red'\n")
+    (store / older_sha).mkdir(parents=True)  # the cache holds 1.0.0, fetched for an earlier lock
+    (tmp_path / "older" / older).rename(store / older_sha / older)
+    with pytest.raises(VerificationError) as err:
+        fetch(Pin("repro-colors", "1.1.0", (older_sha,)), store, mirror=None, indexes=[], target=TARGET)
+    assert str(err.value).startswith(
+        f"[runtime] repro-colors==1.1.0: the file of its pinned sha256 {older_sha[:12]}… (cached as {older}) is not "
+        f"a wheel of repro-colors 1.1.0: its file name {older} is of version 1.0.0, not 1.1.0"
+    )
+    assert (store / older_sha / older).is_file()  # a good wheel of its own pin: kept
+    # A mirror's file named as repro-colors 1.1.0 that is repro-round's wheel (its METADATA says so).
+    mirror = tmp_path / "mirror"
+    name, sha = write_wheel(mirror / "wheels", "repro-round", "0.1.0", (), "PI = 3\n")
+    posing = mirror / "wheels" / "repro_colors-1.1.0-py3-none-any.whl"
+    (mirror / "wheels" / name).rename(posing)
+    with pytest.raises(VerificationError, match=r"names the project 'repro-round', not 'repro-colors'"):
+        fetch(Pin("repro-colors", "1.1.0", (sha,)), store, mirror=mirror, indexes=[], target=TARGET)
+    assert sorted(p.name for p in store.iterdir()) == [older_sha]  # nothing of it kept
+    # The same file already in the store under that name (as an earlier version of this tool kept it): refused too.
+    (store / sha).mkdir()
+    posing.rename(store / sha / posing.name)
+    with pytest.raises(VerificationError, match=r"\(cached as repro_colors-1.1.0-py3-none-any.whl\) .* names the"):
+        fetch(Pin("repro-colors", "1.1.0", (sha,)), store, mirror=None, indexes=[], target=TARGET)

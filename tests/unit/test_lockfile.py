@@ -325,3 +325,68 @@ def test_deps_false_on_a_built_package() -> None:
     doc["packages"]["fa2"]["deps"] = False
     lock = parse(doc)
     assert lock.packages["fa2"].deps is False and lock.packages["fa3"].deps is True
+
+
+@pytest.mark.parametrize("patch", ["../../../tmp/x.patch", "../../../etc/passwd", "/etc/passwd", "a/../../x.patch", ""])
+def test_a_patch_path_out_of_its_folder_is_refused_like_a_source_patch_path(tmp_path: Path, patch: str) -> None:
+    """A plain patch entry stays in patches/<package>/, as a { source, path } entry stays in its source (issue 26)."""
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / "x.patch").write_text("")
+    doc = good_doc()
+    doc["packages"]["fa3"]["patches"] = [patch]
+    for check_files in (True, False):
+        with pytest.raises(LockError) as err:
+            parse_lock(doc, path=tmp_path / "a" / "b" / "sources.lock", check_files=check_files)
+        assert str(err.value).endswith(
+            f"[packages.fa3] patch {patch!r} must be a path inside patches/fa3/ (relative, without '..'), as a "
+            "{ source, path } patch's must be inside its source"
+        )
+    doc["packages"]["fa3"]["patches"] = [{"source": "repo", "path": patch}]
+    with pytest.raises(LockError, match=r"must be relative and inside its source"):
+        parse(doc)
+
+
+def test_a_patch_that_is_a_link_out_of_its_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "patches" / "fa3"
+    folder.mkdir(parents=True)
+    (tmp_path / "secret").write_text("host file\n")
+    (folder / "0001-fix.patch").symlink_to(tmp_path / "secret")
+    (folder / "real.patch").write_text("")
+    (folder / "0002-alias.patch").symlink_to("real.patch")  # a link inside the folder is a patch of the folder
+    doc = good_doc()
+    doc["packages"]["fa3"]["patches"] = ["0002-alias.patch", "0001-fix.patch"]
+    with pytest.raises(LockError) as err:
+        parse_lock(doc, path=tmp_path / "sources.lock")
+    assert str(err.value).splitlines()[1:] == [
+        f"  - {tmp_path / 'sources.lock'}: [packages.fa3] patch '0001-fix.patch' at {folder / '0001-fix.patch'} is a "
+        f"symbolic link out of {folder}, to {tmp_path / 'secret'}; a patch lies in its package's folder (copy it there)"
+    ]
+    doc["packages"]["fa3"]["patches"] = ["0002-alias.patch"]
+    assert parse_lock(doc, path=tmp_path / "sources.lock").packages["fa3"].patches == ("0002-alias.patch",)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["[" * 50_000 + "]" * 50_000, "[" * 600 + "]" * 600, "{a = " * 50_000 + "1" + "}" * 50_000],
+    ids=["arrays-50000", "arrays-600", "tables-50000"],
+)
+def test_a_value_nested_too_deeply_is_one_lock_error(tmp_path: Path, value: str) -> None:
+    """tomllib recurses once per level: 50 000 nested arrays were a RecursionError traceback (issue 26)."""
+    lock = tmp_path / "sources.lock"
+    lock.write_text(f'format = 1\n[packages.fa3]\nsource = "repo"\npip_args = {value}\n')
+    with pytest.raises(LockError) as err:
+        load_lock(lock)
+    assert str(err.value) == f"{lock}: not a lock this tool reads: a value is nested too deeply"
+
+
+def test_one_sha256_under_two_pins_is_refused(tmp_path: Path) -> None:
+    """A closure pin repointed at another pin's wheel (issue 26): one file cannot be two projects' wheels."""
+    doc = good_doc()
+    doc["runtime"] = {"python": "3.11", "resolved": [f"repro-round==0.1.0 --hash=sha256:{SHA256}",
+                                                      f"repro-colors==1.1.0 --hash=sha256:{SHA256}"]}  # fmt: skip
+    with pytest.raises(LockError) as err:
+        parse(doc, require_pins=False)
+    assert (
+        f"[runtime.resolved] repro-round==0.1.0 has the sha256 {SHA256[:12]}… of the pin of repro-colors (one file "
+        "is one wheel): re-pin with `doit lock update=runtime`" in str(err.value)
+    )
