@@ -393,3 +393,76 @@ def test_remote_record_pointing_at_another_packages_blob_is_refused(workspace: W
         server.terminate()
         server.wait()
         server.stdout.close()  # type: ignore[union-attr]
+
+
+def link_patch(work: Path, name: str, target: str) -> str:
+    """The diff git writes for adding ``name``, a symbolic link to ``target`` (`new file mode 120000`)."""
+    env = {**os.environ, **GIT_ENV}
+    subprocess.run(["git", "init", "-q", str(work)], check=True, env=env)
+    (work / name).parent.mkdir(parents=True, exist_ok=True)
+    (work / name).symlink_to(target)
+    subprocess.run(["git", "-C", str(work), "add", "-A"], check=True, env=env)
+    diff = subprocess.run(["git", "-C", str(work), "diff", "--cached"], check=True, env=env, capture_output=True,
+                          text=True).stdout  # fmt: skip
+    assert "new file mode 120000" in diff, diff
+    return diff
+
+
+def left_in_build(ws: Workspace, package: str) -> list[str]:
+    """What a failed build of ``package`` left under the workspace's build/stage and the cache's wheels."""
+    stage = ws.root / "build" / "stage"
+    found = [p.name for p in stage.iterdir() if p.name.startswith(package)] if stage.is_dir() else []
+    return found + [str(p) for p in (ws.cache / "wheels").glob("*/*")]
+
+
+def test_a_patch_that_makes_a_link_to_a_host_file_is_refused(workspace: Workspace, tmp_path: Path) -> None:
+    """A patch may write a symbolic link anywhere (issue 26): the tree the build compiles is checked after each
+    patch, so a host file never enters the wheel under a key that does not cover it."""
+    ws = workspace
+    pure_only(ws)
+    host = tmp_path / "host" / "x.py"
+    host.parent.mkdir()
+    host.write_text("SECRET = 'host'\n")
+    ws.edit_lock('patches = ["0001-patched-message.patch"]',
+                 'patches = ["0001-patched-message.patch", "0002-link.patch"]')  # fmt: skip
+    for i, target in enumerate([str(host), "../../.."]):
+        (ws.root / "patches" / "repro_pure" / "0002-link.patch").write_text(
+            link_patch(tmp_path / f"diff{i}", "repro_pure/host.py", target)
+        )
+        res = ws.doit("wheels", "profile=pure", check=False)
+        assert res.returncode == 13, res.stdout + res.stderr  # VerificationError
+        assert (
+            f"patch 0002-link.patch makes repro_pure/host.py a symbolic link out of the tree: repro_pure/host.py -> "
+            f"{target}; refusing to build from it, no patched tree was kept" in res.stderr
+        ), res.stderr
+        assert "Traceback" not in res.stderr
+        assert not left_in_build(ws, "repro_pure")
+        assert not (ws.wheels / "manifest.json").exists()
+    ws.edit_lock(', "0002-link.patch"]', "]")
+    ws.doit("wheels", "profile=pure")  # the next normal run builds
+
+
+def test_a_patch_from_a_pinned_source_that_makes_a_link_out_is_refused(workspace: Workspace, tmp_path: Path) -> None:
+    """The same through a patch taken from a pinned upstream source ({ source, path }, InfiR2's sglang.patch)."""
+    ws = workspace
+    pure_only(ws)
+    recipes = tmp_path / "recipes"
+    (recipes / "docker" / "patch").mkdir(parents=True)
+    (recipes / "docker" / "patch" / "pure.patch").write_text(link_patch(tmp_path / "diff", "repro_pure/up", "../../.."))
+    commit = git_commit(recipes, {})
+    served = tmp_path / "served"
+    serve_bare(recipes, served)
+    with FixtureServer(served) as srv:
+        ws.edit_lock("[sources.repro-torchext]", f'[sources.recipes]\nkind = "git"\nurl = "{srv.url}/recipes.git"\n'
+                     f'commit = "{commit}"\n\n[sources.repro-torchext]')  # fmt: skip
+        ws.edit_lock('patches = ["0001-patched-message.patch"]',
+                     'patches = [{ source = "recipes", path = "docker/patch/pure.patch" }]')  # fmt: skip
+        ws.doit("lock")  # the recipes source's tree hash
+        res = ws.doit("wheels", "profile=pure", check=False)
+    assert res.returncode == 13, res.stdout + res.stderr
+    assert (
+        "patch recipes:docker/patch/pure.patch makes repro_pure/up a symbolic link out of the tree: repro_pure/up -> "
+        "../../..; refusing to build from it" in res.stderr
+    ), res.stderr
+    assert "Traceback" not in res.stderr
+    assert not left_in_build(ws, "repro_pure")
