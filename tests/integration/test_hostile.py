@@ -6,9 +6,11 @@ Every test here fails without the check it covers.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -466,3 +468,45 @@ def test_a_patch_from_a_pinned_source_that_makes_a_link_out_is_refused(workspace
     ), res.stderr
     assert "Traceback" not in res.stderr
     assert not left_in_build(ws, "repro_pure")
+
+
+def test_a_closure_pin_repointed_at_another_wheel_is_refused_warm_as_cold(
+    workspace: Workspace, published: Path, tmp_path: Path
+) -> None:
+    """A [runtime] pin names its file by sha256: pointed at another wheel, it is refused at load (another pin's)
+    or when its file is taken, from a warm cache as from a cold one (issue 26: the warm cache placed any stored
+    file under the pin, so requirements.txt pinned repro-round twice and repro-colors not at all)."""
+    ws = workspace
+    pure_only(ws)
+    sha = dict(re.findall(r'"(repro-[a-z]+)==\S+ --hash=sha256:([0-9a-f]{64})"', ws.lock.read_text()))
+    older = file_sha256(published / "packages" / "repro_colors-1.0.0-py3-none-any.whl")
+    # An earlier lock pinned repro-colors 1.0.0: the cache holds its wheel.
+    ws.edit_lock(
+        f"repro-colors==1.1.0 --hash=sha256:{sha['repro-colors']}", f"repro-colors==1.0.0 --hash=sha256:{older}"
+    )
+    ws.doit("wheels", "profile=pure")
+    before = (ws.wheels / "manifest.json").read_bytes()
+    # The pin of repro-colors pointed at repro-round's wheel, which the lock pins too: refused at load.
+    ws.edit_lock(
+        f"repro-colors==1.0.0 --hash=sha256:{older}", f"repro-colors==1.1.0 --hash=sha256:{sha['repro-round']}"
+    )
+    res = ws.doit("wheels", "profile=pure", check=False)
+    assert res.returncode == 11, res.stdout + res.stderr  # LockError
+    assert (
+        f"[runtime.resolved] repro-round==0.1.0 has the sha256 {sha['repro-round'][:12]}… of the pin of repro-colors "
+        "(one file is one wheel)" in res.stderr
+    ), res.stderr
+    # Pointed at the 1.0.0 wheel the cache holds: refused when its file is taken, nothing placed.
+    ws.edit_lock(f"--hash=sha256:{sha['repro-round']}", f"--hash=sha256:{older}")
+    for where in (ws, dataclasses.replace(ws, cache=tmp_path / "cold")):
+        res = where.doit("wheels", "profile=pure", check=False)
+        assert res.returncode == 13, res.stdout + res.stderr  # VerificationError
+        assert "Traceback" not in res.stderr
+        assert (ws.wheels / "manifest.json").read_bytes() == before
+    warm = ws.doit("wheels", "profile=pure", check=False)
+    assert (
+        f"[runtime] repro-colors==1.1.0: the file of its pinned sha256 {older[:12]}… (cached as "
+        "repro_colors-1.0.0-py3-none-any.whl) is not a wheel of repro-colors 1.1.0: its file name "
+        "repro_colors-1.0.0-py3-none-any.whl is of version 1.0.0, not 1.1.0" in warm.stderr
+    ), warm.stderr
+    assert "[runtime] repro-colors==1.1.0: no file with a pinned sha256" in res.stderr  # cold: none on the index
