@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, Workspace, make_workspace, small_tmpfs
+from make_fixtures import write_wheel
 from serve import FixtureServer
 
 from tasks.treehash import file_sha256
@@ -510,3 +511,42 @@ def test_a_closure_pin_repointed_at_another_wheel_is_refused_warm_as_cold(
         "repro_colors-1.0.0-py3-none-any.whl is of version 1.0.0, not 1.1.0" in warm.stderr
     ), warm.stderr
     assert "[runtime] repro-colors==1.1.0: no file with a pinned sha256" in res.stderr  # cold: none on the index
+
+
+@pytest.mark.parametrize(("project", "version"), [("repro-colors", "0.1.0"), ("repro-round", "0.2.0")])
+def test_a_prebuilt_wheel_whose_metadata_is_another_project_or_version_is_refused(
+    tmp_path: Path, project: str, version: str
+) -> None:
+    """A wheel's file name is anyone's word (issue 26: the prebuilt wheel was placed by its name alone): its own
+    METADATA must name the pinned project at the pinned version before it enters wheels/."""
+    served = tmp_path / "served"
+    made, _ = write_wheel(served, project, version, (), "X = 1\n")
+    posing = served / "repro_round-0.1.0-py3-none-any.whl"
+    (served / made).rename(posing)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    lock = ws / "prebuilt.lock"
+    with FixtureServer(served) as srv:
+        lock.write_text(
+            'format = 1\n[toolchain]\npython = ">=3.10"\narchs = ["sm_90a"]\n'
+            f'[sources.round-wheel]\nkind = "wheel"\nurl = "{srv.url}/{posing.name}"\n'
+            '[packages.repro_round]\nsource = "round-wheel"\ndistribution = "repro-round"\n'
+        )
+        res = doit(ws, lock, tmp_path / "cache", "lock")
+        assert res.returncode == 0, res.stdout + res.stderr
+        res = doit(ws, lock, tmp_path / "cache", "wheels")
+        url = f"{srv.url}/{posing.name}"
+    assert res.returncode == 13, res.stdout + res.stderr  # VerificationError
+    info = f"{project.replace('-', '_')}-{version}.dist-info/METADATA"
+    problem = (
+        f"its {info} names the project 'repro-colors', not 'repro-round'"
+        if project != "repro-round"
+        else f"its {info} says version 0.2.0, but its file name {posing.name} says 0.1.0"
+    )
+    assert (
+        f"package repro_round: the prebuilt wheel of source round-wheel ({url}, sha256 "
+        f"{file_sha256(posing)[:12]}…) is not a wheel of repro-round 0.1.0: {problem}; nothing was written to wheels/"
+        in res.stderr
+    ), res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (ws / "wheels").exists() or not list((ws / "wheels").iterdir())
