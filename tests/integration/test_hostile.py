@@ -550,3 +550,30 @@ def test_a_prebuilt_wheel_whose_metadata_is_another_project_or_version_is_refuse
     ), res.stderr
     assert "Traceback" not in res.stderr
     assert not (ws / "wheels").exists() or not list((ws / "wheels").iterdir())
+
+
+def test_a_lock_nested_too_deeply_or_with_a_patch_out_of_its_folder_is_one_lock_error(tmp_path: Path) -> None:
+    """Issue 26: 50 000 nested arrays were a RecursionError traceback (exit 3); a plain patch entry could name
+    any file ("../../../x.patch" was applied, "../../../etc/passwd" read by git apply)."""
+    ws = tmp_path / "ws"
+    (tmp_path / "x.patch").write_text("")
+    outside = tmp_path / "outside.patch"
+    outside.write_text("")
+    (ws / "patches" / "evil").mkdir(parents=True)
+    (ws / "patches" / "evil" / "linked.patch").symlink_to(outside)
+    source = f'kind = "url"\nurl = "http://127.0.0.1:9/evil.tar"\nsha256 = "{ZERO}"\ntree_sha256 = "{ZERO}"'
+    for line, problem in [
+        ("pip_args = " + "[" * 50_000 + "]" * 50_000, "not a lock this tool reads: a value is nested too deeply"),
+        (
+            'patches = ["../../../x.patch"]',
+            "[packages.evil] patch '../../../x.patch' must be a path inside patches/evil/",
+        ),
+        ('patches = ["/etc/passwd"]', "[packages.evil] patch '/etc/passwd' must be a path inside patches/evil/"),
+        ('patches = ["linked.patch"]', f"is a symbolic link out of {ws / 'patches' / 'evil'}, to {outside}"),
+    ]:
+        lock = tiny_lock(ws, source)
+        lock.write_text(lock.read_text() + line + "\n")
+        res = doit(ws, lock, tmp_path / "cache", "list")
+        assert res.returncode == 11, res.stdout + res.stderr  # LockError
+        assert problem in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr and len(res.stderr) < 1000, res.stderr
