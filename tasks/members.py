@@ -17,7 +17,8 @@ alone, on names and link targets as written, never on the file system:
 
 Pure but for :func:`tree_links`: callers pass names, kinds, modes and link targets; tasks/archive.py,
 tasks/bundle.py and tasks/gitsrc.py do the I/O, and write links last. Staging and the cached-tree
-check (tasks/stage.py, tasks/sources.py) run :func:`escaping_link` on the links of the tree on disk.
+check (tasks/stage.py, tasks/sources.py) run :func:`escaping_link` on the links of the tree on disk,
+staging again after each patch (git apply writes the links a diff adds, to any target).
 """
 
 from __future__ import annotations

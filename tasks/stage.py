@@ -1,7 +1,9 @@
 """Stage 2: a fresh copy of a package's verified sources with its patches applied in order.
 
 A patch that does not apply raises :class:`PatchError` naming the patch and
-the failing hunk, and the half-patched copy is removed.
+the failing hunk, and the half-patched copy is removed. A patch that leaves a
+symbolic link out of the tree raises :class:`VerificationError` naming the patch
+and the link, and the copy is removed too.
 """
 
 from __future__ import annotations
