@@ -9,7 +9,7 @@ import io
 import zipfile
 from pathlib import Path
 
-from tasks.index import WheelRecord, manifest, requirements, simple_index
+from tasks.index import WheelRecord, manifest, requirements, simple_index, wheel_problem
 from tasks.keys import action_key, key_document
 from tasks.lockfile import Package, Source
 from tasks.stage import failing_hunk
@@ -108,3 +108,34 @@ def test_failing_hunk_is_found_by_start_line() -> None:
     patch = "--- a/setup.py\n+++ b/setup.py\n@@ -1,2 +1,2 @@\n-a\n+b\n@@ -40,3 +40,3 @@ def main():\n-x\n+y\n"
     assert failing_hunk(patch, "setup.py", 40) == "@@ -40,3 +40,3 @@ def main():"
     assert failing_hunk(patch, "other.py", 40) == ""
+
+
+def test_wheel_problem_reads_the_project_and_version_of_the_wheels_own_metadata(tmp_path: Path) -> None:
+    """The one check of what a wheel is (issue 26): its file name, then its METADATA's Name and Version."""
+
+    def wheel(filename: str, metadata: str | None) -> Path:
+        path = tmp_path / filename
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("demo/__init__.py", "")
+            if metadata is not None:
+                zf.writestr("demo-0.1.dist-info/METADATA", metadata)
+        return path
+
+    good = wheel("demo-0.1-py3-none-any.whl", "Metadata-Version: 2.1\nName: Demo\nVersion: 0.1.0\n")
+    assert wheel_problem(good, "demo") is None and wheel_problem(good, "DEMO", "0.1") is None
+    assert wheel_problem(good, "other") == "its file name demo-0.1-py3-none-any.whl is of 'demo', not 'other'"
+    assert wheel_problem(good, "demo", "0.2") == "its file name demo-0.1-py3-none-any.whl is of version 0.1, not 0.2"
+    other = wheel("demo-0.2-py3-none-any.whl", "Metadata-Version: 2.1\nName: other\nVersion: 0.2\n")
+    assert wheel_problem(other, "demo") == "its demo-0.1.dist-info/METADATA names the project 'other', not 'demo'"
+    older = wheel("demo-0.3-py3-none-any.whl", "Metadata-Version: 2.1\nName: demo\nVersion: 0.1\n")
+    assert wheel_problem(older, "demo", "0.3") == (
+        "its demo-0.1.dist-info/METADATA says version 0.1, but its file name demo-0.3-py3-none-any.whl says 0.3"
+    )
+    assert wheel_problem(wheel("demo-0.4-py3-none-any.whl", None), "demo") == (
+        "the wheel holds 0 top-level .dist-info/METADATA files, not one"
+    )
+    assert wheel_problem(wheel("demo-0.5-py3-none-any.whl", "Name: demo\n"), "demo") == (
+        "its demo-0.1.dist-info/METADATA has no Version"
+    )
+    (tmp_path / "demo.whl").write_bytes(b"")
+    assert wheel_problem(tmp_path / "demo.whl", "demo") == "'demo.whl' is not a wheel file name (NAME-VERSION-TAGS.whl)"
