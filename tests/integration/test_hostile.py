@@ -1,4 +1,4 @@
-"""Hostile inputs and faults (issue 20), each as it happens: archives and git repositories served on
+"""Hostile inputs and faults (issues 20 and 26), each as it happens: archives and git repositories served on
 loopback, a server that stops sending, real signals to a real build, a full disk, a second run.
 
 Every test here fails without the check it covers.
