@@ -47,6 +47,7 @@ class Context:
     _skipped: dict[str, str] = field(default_factory=dict)
     #: The run's forecast (tasks/plan.py), made when the first build starts; the summary prints it beside what happened.
     forecast: Forecast | None = None
+    _forecast_known: set[str] = field(default_factory=set)  # packages the forecast had a record of
 
     @classmethod
     def load(cls, doit_vars: dict[str, str] | None = None) -> Context:
@@ -268,7 +269,7 @@ class Context:
     def record(self, outcome: Outcome) -> None:
         """Remember what happened to a package in this run (builds may run in threads)."""
         with self._lock:
-            if self.forecast is not None and outcome.status == "built" and outcome.package in self.forecast.packages:
+            if self.forecast is not None and outcome.status == "built" and outcome.package in self._forecast_known:
                 outcome.forecast_s = self.forecast.packages[outcome.package].wall_s
             self.outcomes[outcome.package] = outcome
 
@@ -284,12 +285,18 @@ class Context:
         try:
             if self.remote is not None:
                 building = [p for p in building if self.remote.lookup(self.key(p)[0]) is None]
-            self.forecast, _ = plan.forecast_run(self, building, budget)
+            forecast, where = plan.forecast_run(self, building, budget)
         except Exception as exc:  # a forecast that cannot be made is a line, never a failed build
             print(f"note: no forecast for this run ({exc.__class__.__name__}: {exc})", flush=True)
             return
+        self._forecast_known = {name for name, (origin, _) in where.items() if origin == "cache"}
+        unknown = sorted(set(where) - self._forecast_known)
+        if len(unknown) == len(where):
+            return  # nothing recorded: no figure to compare with
+        self.forecast = forecast
+        without = f", without a record of {', '.join(unknown)}" if unknown else ""
         print(
-            f"forecast: {self.forecast.wall_s:.1f} s of wall time for {len(building)} build(s) "
+            f"forecast: {forecast.wall_s:.1f} s of wall time for {len(building)} build(s){without} "
             "(`doit plan` says why they build)",
             flush=True,
         )

@@ -585,6 +585,26 @@ def _source_names(ctx: Context, pkg: Package, old: Mapping[str, Any]) -> dict[st
     return out
 
 
+def _touched(ctx: Context, pkg: Package, changes: Sequence[str]) -> list[str]:
+    """The files that the added or changed patches of ``changes`` edit (their ``+++`` lines)."""
+    named = {c[len("patch ") :].rsplit(" ", 1)[0] for c in changes if c.endswith((" changed", " added"))}
+    files: list[str] = []
+    for patch in ctx.patches(pkg):
+        if patch.name not in named:
+            continue
+        try:
+            text = patch.path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("+++ ") and not line.startswith("+++ /dev/null"):
+                path = line[4:].split("\t")[0].strip()
+                path = path.split("/", 1)[1] if path.startswith(("b/", "a/")) else path
+                if path not in files:
+                    files.append(path)
+    return files[:8]
+
+
 def make_plan(ctx: Context) -> Plan:
     """What `doit wheels` would do with this lock, profile, cache and remote; nothing is written."""
     from tasks.wheelhouse import read_manifest
@@ -633,6 +653,13 @@ def make_plan(ctx: Context) -> Plan:
     for line in lines:
         if line.package in where:
             line.origin, line.range_s = where[line.package]
+            told = forecast.packages.get(line.package)
+            if line.origin == "cache" and told is not None and not told.units and line.reuse[0] != "off":
+                line.reuse = ("all", "no compile units at its last build: nothing for the object cache to do")
+            elif line.reuse[0] == "partial":
+                touched = _touched(ctx, ctx.package(line.package), line.changes)
+                if touched:
+                    line.reuse = ("partial", f"{line.reuse[1]} (the changed patches touch {', '.join(touched)})")
     slots, budget = run_budget(ctx, building)
     return Plan(
         lock=str(ctx.lock.path),
@@ -708,6 +735,9 @@ def render_text(plan: Plan) -> str:
     note = ""
     if unknown:
         note = f"; without a record of {', '.join(unknown)} (their compiles by the lock's hints, if any)"
+    if len(unknown) == len(builds) and not any(line.origin == "hints" for line in builds):
+        out.append(f"forecast: none, no package to build has a record in this cache or hints in the lock{note[1:]}")
+        return "\n".join(out)
     out.append(
         f"forecast: {_seconds(plan.forecast.wall_s)} of wall time for {len(builds)} build(s), peak memory "
         f"{plan.forecast.peak_mb / 1024:.1f} GB of compiles, on {plan.slots} job slots and {budget}{note}; "
