@@ -618,7 +618,7 @@ def make_plan(ctx: Context) -> Plan:
         and w.get("origin") != "fetched"
         and (ctx.settings.wheels / str(w.get("filename"))).is_file()
     }
-    remote = ctx.remote
+    remote = ctx.remote if ctx.settings.remote else None  # (not imported without one)
     lines: list[Line] = []
     building: list[Package] = []
     for pkg in ctx.packages:
@@ -649,6 +649,10 @@ def make_plan(ctx: Context) -> Plan:
         line.reuse = object_reuse(pkg, line.changes, objcache=ctx.settings.objcache, objects=ctx.cache.objects)
         lines.append(line)
         building.append(pkg)
+    if not building:  # nothing to forecast: a no-op plan imports no more than a no-op `doit wheels`
+        return Plan(lock=str(ctx.lock.path), profile=ctx.settings.profile, remote=ctx.settings.remote,
+                    slots=ctx.settings.jobs or os.cpu_count() or 1, budget_mb=None, lines=lines,
+                    forecast=Forecast(0.0, 0.0))  # fmt: skip
     forecast, where = forecast_run(ctx, building)
     for line in lines:
         if line.package in where:
