@@ -607,6 +607,7 @@ def _touched(ctx: Context, pkg: Package, changes: Sequence[str]) -> list[str]:
 
 def make_plan(ctx: Context) -> Plan:
     """What `doit wheels` would do with this lock, profile, cache and remote; nothing is written."""
+    from tasks.errors import FetchError
     from tasks.wheelhouse import read_manifest
 
     manifest = read_manifest(ctx.settings.wheels) or {}
@@ -626,7 +627,12 @@ def make_plan(ctx: Context) -> Plan:
         if why:
             lines.append(Line(pkg.name, SKIPPED, "", why=why))
             continue
-        key, doc = ctx.key(pkg)
+        try:
+            key, doc = ctx.key(pkg)
+        except FetchError as exc:  # a patch of another source, not fetched yet: its key needs the file
+            lines.append(Line(pkg.name, BUILD, "", changes=[f"key unknown: {exc.message}"]))
+            building.append(pkg)
+            continue
         if ctx.cache.wheel_exists(key):
             action = UP_TO_DATE if current and placed.get(pkg.name) == key else CACHED
             lines.append(Line(pkg.name, action, key))
@@ -703,7 +709,7 @@ def render_text(plan: Plan) -> str:
         if line.action == SKIPPED:
             head += f": {line.why}"
         if line.action == BUILD:
-            head += f" (key {line.key[:12]})"
+            head += f" (key {line.key[:12]})" if line.key else ""
             pf = plan.forecast.packages.get(line.package)
             if line.origin == "cache" and pf is not None:
                 head += f", about {_seconds(pf.wall_s)}"
