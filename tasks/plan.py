@@ -229,6 +229,8 @@ class PackageWork:
     units: tuple[UnitWork, ...] = ()
     serial_s: float = 0.0
     priority: float = 0.0
+    #: After its last unit: what its ninja ran without a job slot (the links), the longest of them.
+    tail_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,8 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
     running: list[tuple[float, int, int, float]] = []  # heap of (end, seq, package, peak)
     events: list[tuple[float, int, int]] = []  # heap of (time, seq, package): serial part done
     start_at: dict[int, float] = {}
+    pending_events: dict[int, int] = {}
+    tailed: set[int] = set()
     end_at: dict[int, float] = {}
     seq = 0
     now = 0.0
@@ -288,6 +292,7 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
             offered[i] = running_of[i] = 0
             seq += 1
             heapq.heappush(events, (now + max(0.0, work[i].serial_s), seq, i))
+            pending_events[i] = 1
 
     def offer(i: int) -> None:
         nonlocal seq
@@ -298,12 +303,22 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
             offered[i] += 1
 
     def finish_if_done(i: int) -> None:
-        if i in finished or queue.get(i) or offered.get(i):
+        nonlocal seq
+        if i in finished or queue.get(i) or offered.get(i) or pending_events.get(i):
             return
-        if any(e[2] == i for e in events):
+        if work[i].tail_s > 0 and i not in tailed:  # its links, once its compiles are done
+            tailed.add(i)
+            seq += 1
+            heapq.heappush(events, (now + work[i].tail_s, seq, i))
+            pending_events[i] = 1
             return
         finished.add(i)
         end_at[i] = now
+
+    def event(i: int) -> None:
+        pending_events[i] -= 1
+        offer(i)
+        finish_if_done(i)
 
     def reserved() -> float:
         return sum(r[3] for r in running)
@@ -344,9 +359,7 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
     while True:
         # Everything that happens at `now`: serial parts that end, units that end, packages that start.
         while events and events[0][0] <= now:
-            _, _, i = heapq.heappop(events)
-            offer(i)
-            finish_if_done(i)
+            event(heapq.heappop(events)[2])
         while running and running[0][0] <= now:
             _, _, i, _ = heapq.heappop(running)
             running_of[i] -= 1
@@ -355,9 +368,7 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
             finish_if_done(i)
         start_packages()
         while events and events[0][0] <= now:  # a package with nothing serial and no units
-            _, _, i = heapq.heappop(events)
-            offer(i)
-            finish_if_done(i)
+            event(heapq.heappop(events)[2])
         grant()
         upcoming = [t for t in (events[0][0] if events else None, running[0][0] if running else None) if t is not None]
         if not upcoming:
@@ -403,10 +414,18 @@ def build_record_path(cache_root: Path, package: str) -> Path:
 
 
 def record_build(
-    cache_root: Path, package: str, *, key: str, wall_s: float, wait_s: float, compile_s: float | None, slots: int
+    cache_root: Path,
+    package: str,
+    *,
+    key: str,
+    wall_s: float,
+    wait_s: float,
+    compile_s: float | None,
+    slots: int,
+    ninja_units: Sequence[str] = (),
 ) -> None:
     """After a build: its wall time, the part of it its compiles ran or waited for a token (None where no
-    ninja log said), and its slots, for the next forecast (``timings/<package>.build.json``)."""
+    ninja log said), its slots and its ninja log's edges, for the next forecast (``timings/<package>.build.json``)."""
     from tasks.cache import write_atomic
 
     doc = {
@@ -416,6 +435,7 @@ def record_build(
         "slots": slots,
         "time": time.time(),
         "compile_s": None if compile_s is None else round(compile_s, 2),
+        "ninja_units": sorted(set(ninja_units)),
     }
     write_atomic(build_record_path(cache_root, package), json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
@@ -426,6 +446,38 @@ def _read(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
+
+
+def split_units(
+    times: Mapping[str, float], gated: Iterable[str], ninja: Sequence[str]
+) -> tuple[dict[str, float], float]:
+    """A package's recorded units as the forecast runs them: (compile units -> seconds, its tail).
+
+    ``times``: every unit's seconds; ``gated``: those the gate ran (compiles, on a job slot); ``ninja``: the
+    edges its ninja log had at its last build. A preprocessor run (``core.cpp.E``, ccache's) is added to its
+    compile (``core.o``, ``core.cpp.o``), which it precedes. Where a ninja log and the gate both spoke, the
+    compiles are the gated ninja edges; the edges the gate did not run (links) make the tail, the longest of
+    them, after the compiles; gated units outside the ninja log (CMake's configure checks) are in the
+    package's serial part already. Otherwise every unit is a compile.
+    """
+    gated = set(gated)
+    merged = {u: t for u, t in times.items() if not u.endswith(".E")}
+    for unit, seconds in times.items():
+        if not unit.endswith(".E"):
+            continue
+        source = unit[: -len(".E")]
+        stem = source.rsplit(".", 1)[0]
+        target = next((n for n in sorted(merged) if n == f"{stem}.o" or n.startswith(f"{source}.")), None)
+        if target is not None:
+            merged[target] += seconds
+        else:
+            merged[unit] = seconds
+    if not ninja or not gated:
+        return merged, 0.0
+    edges = set(ninja)
+    compiles = {u: t for u, t in merged.items() if u in edges and u in gated}
+    tail = max((times.get(u, 0.0) for u in edges if u not in gated), default=0.0)
+    return compiles, tail
 
 
 def package_work(
@@ -450,13 +502,17 @@ def package_work(
         hints=jobserver.load_memory(patches_dir / pkg.name / jobserver.MEMORY_HINTS_FILE),
         default_mb=default_mb,
     )
+    tail = 0.0
+    if origin == "cache":
+        ninja = record.get("ninja_units")
+        times, tail = split_units(times, memory, [str(u) for u in ninja] if isinstance(ninja, list) else [])
     units = tuple(UnitWork(u, s, expect.expect(u).peak_mb) for u, s in sorted(times.items()))
     serial = serial_seconds(record, units, slots) if record else 0.0
     prio = jobserver.priority(
         ninjaorder.known_times(cache_root, patches_dir / pkg.name / ninjaorder.HINTS_FILE, pkg.name), slots
     )
     span = hint_range(hints.values(), slots) if origin != "cache" and hints else None
-    return PackageWork(pkg.name, units, serial, prio), origin, span
+    return PackageWork(pkg.name, units, serial, prio, tail), origin, span
 
 
 # --------------------------------------------------------------------------- earlier builds

@@ -26,6 +26,7 @@ from tasks.plan import (
     render_text,
     serial_seconds,
     simulate,
+    split_units,
     to_json,
 )
 from tasks.remote import history_key, read_history
@@ -203,6 +204,26 @@ def test_the_forecast_is_a_pure_function_of_its_records() -> None:
     before = copy.deepcopy(work)
     assert simulate(work, slots=2, budget_mb=4000) == simulate(work, slots=2, budget_mb=4000)
     assert work == before
+
+
+def test_the_links_run_after_the_compiles() -> None:
+    f = simulate([PackageWork("te", units(10, 10), serial_s=5, tail_s=30)], slots=2)
+    assert f.wall_s == 45 and f.packages["te"].end_s == 45
+    assert simulate([PackageWork("pure", (), tail_s=3)], slots=2).wall_s == 3
+
+
+def test_recorded_units_split_into_compiles_a_tail_and_the_serial_part() -> None:
+    times = {"a.cu.o": 100.0, "a.cu.E": 5.0, "b.o": 20.0, "b.cpp.E": 1.0, "libte.so": 30.0, "CMakeCheck.o": 0.5}
+    gated = {"a.cu.o", "a.cu.E", "b.o", "b.cpp.E", "CMakeCheck.o"}
+    ninja = ["a.cu.o", "b.o", "libte.so"]
+    # The preprocessor runs join their compiles; the link is the tail; the configure check is serial.
+    assert split_units(times, gated, ninja) == ({"a.cu.o": 105.0, "b.o": 21.0}, 30.0)
+    # Without a ninja log (or a gate), every unit compiles.
+    assert split_units(times, gated, []) == (
+        {"a.cu.o": 105.0, "b.o": 21.0, "libte.so": 30.0, "CMakeCheck.o": 0.5},
+        0.0,
+    )
+    assert split_units({"x.o": 1.0, "y.c.E": 2.0}, set(), ["x.o"]) == ({"x.o": 1.0, "y.c.E": 2.0}, 0.0)
 
 
 def test_hints_give_a_range_and_records_give_the_serial_part() -> None:
