@@ -661,6 +661,18 @@ def _touched(ctx: Context, pkg: Package, changes: Sequence[str]) -> list[str]:
     return files[:8]
 
 
+def _shard(ctx: Context) -> tuple[Package, ...]:
+    """The profile's packages this run would build: with ``shard=i/N``, that shard's (as `doit wheels` splits)."""
+    if ctx.settings.shard is None:
+        return ctx.packages
+    from tasks.ninjaorder import HINTS_FILE, load_times
+    from tasks.remote import shard_packages
+
+    weights = {p.name: sum(load_times(ctx.lock.patches_dir / p.name / HINTS_FILE).values()) for p in ctx.packages}
+    names = set(shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights))
+    return tuple(p for p in ctx.packages if p.name in names)
+
+
 def make_plan(ctx: Context) -> Plan:
     """What `doit wheels` would do with this lock, profile, cache and remote; nothing is written."""
     from tasks.errors import FetchError
@@ -678,7 +690,7 @@ def make_plan(ctx: Context) -> Plan:
     remote = ctx.remote if ctx.settings.remote else None  # (not imported without one)
     lines: list[Line] = []
     building: list[Package] = []
-    for pkg in ctx.packages:
+    for pkg in _shard(ctx):
         why = ctx.skipped(pkg)
         if why:
             lines.append(Line(pkg.name, SKIPPED, "", why=why))
