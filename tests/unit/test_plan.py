@@ -281,3 +281,11 @@ def test_format_takes_text_or_json(bad: str) -> None:
     assert load_settings({"format": "json"}).format == "json"
     with pytest.raises(ReproError, match="format="):
         load_settings({"format": bad})
+
+
+def test_only_a_plan_run_goes_without_the_workspace_lock() -> None:
+    from tasks.graph import only_plan
+
+    assert only_plan(["plan"]) and only_plan(["run", "plan", "format=json", "lock=x.lock"])
+    assert only_plan(["-n", "4", "--db-file", "other.db", "plan"])
+    assert not only_plan(["wheels"]) and not only_plan(["plan", "wheels"]) and not only_plan([])
