@@ -289,3 +289,15 @@ def test_only_a_plan_run_goes_without_the_workspace_lock() -> None:
     assert only_plan(["plan"]) and only_plan(["run", "plan", "format=json", "lock=x.lock"])
     assert only_plan(["-n", "4", "--db-file", "other.db", "plan"])
     assert not only_plan(["wheels"]) and not only_plan(["plan", "wheels"]) and not only_plan([])
+
+
+def test_a_package_without_a_record_says_so_with_the_range_of_its_hints() -> None:
+    line = Line("flash_attn", BUILD, "a" * 64, origin="hints", range_s=(760.0, 1900.0), reuse=("empty", "..."))
+    forecast = simulate([PackageWork("flash_attn", units(760, 500, 400))], slots=4)
+    text = render_text(Plan("sources.lock", "default", "", 4, None, [line], forecast))
+    assert "no record in this cache: 12 min 40 s to 31 min 40 s of compiles by the lock's hints" in text
+    assert "without a record of flash_attn" in text and "tokens only" in text
+    nothing = Line("mbridge", BUILD, "b" * 64, origin="none")
+    text = render_text(Plan("sources.lock", "default", "", 4, None, [nothing], simulate([], slots=4)))
+    assert "no record in this cache and no hints in the lock: time unknown" in text
+    assert "forecast: none" in text
