@@ -6,6 +6,7 @@ Run ``doit list`` for the tasks; the README documents every variable.
 from tasks import console
 from tasks.cli import fast_start
 from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
+    Reporter,
     claim_workspace,
     task_build,
     task_bundle,
@@ -14,6 +15,7 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
     task_image,
     task_lock,
     task_mirror,
+    task_plan,
     task_repro,
     task_stage,
     task_unbundle,
@@ -35,4 +37,5 @@ DOIT_CONFIG = {
     "num_process": 8,
     "par_type": "thread",
     "verbosity": 2,
+    "reporter": Reporter,  # doit's console reporter; `doit plan format=json` prints its JSON alone
 }

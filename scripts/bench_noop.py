@@ -10,6 +10,9 @@ of an earlier commit (``git worktree add DIR COMMIT``, then its quickstart)::
     python scripts/bench_noop.py --runs 30 after=. -- lock=sources.lock profile=no-fa2 mirror=DIR
     python scripts/bench_noop.py "with=." "without=.:lock=L2 wheels=W2"    # per-workspace arguments after ':'
 
+``--tasks wheels,plan`` times each of those tasks in each workspace, alternating all of them (a no-op
+`doit plan` beside a no-op `doit wheels`; labels ``NAME/TASK``).
+
 ``--bytecode`` lets Python write bytecode (unsets PYTHONDONTWRITEBYTECODE, as most users' shells are);
 without it the environment is used as it is. A run that exits non-zero, or that builds anything (a
 line starting with ``.  build:`` or ``.  wheels``), stops the benchmark: it would not be a no-op.
@@ -32,6 +35,7 @@ def main() -> int:
         "workspaces", nargs="+", metavar="NAME=DIR[:ARGS]", help="a label, a checkout with .venv/bin/doit, its own args"
     )
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--tasks", default="wheels", help="comma-separated tasks to time in each workspace")
     ap.add_argument("--bytecode", action="store_true", help="let Python write bytecode (unset PYTHONDONTWRITEBYTECODE)")
     args, extra = ap.parse_known_args()
     extra = [a for a in extra if a != "--"]
@@ -46,7 +50,10 @@ def main() -> int:
         doit = root / ".venv" / "bin" / "doit"
         if not doit.is_file():
             ap.error(f"{doit} does not exist: run bash examples/quickstart.sh in {root} first")
-        spaces.append((name, root, [str(doit), "wheels", *own.split(), *extra]))
+        tasks = [t for t in args.tasks.split(",") if t]
+        for task in tasks:
+            label = f"{name}/{task}" if len(tasks) > 1 else name
+            spaces.append((label, root, [str(doit), task, *own.split(), *extra]))
     for _name, root, cmd in spaces:  # once each first: a toolchain probe or bytecode written is not a no-op's cost
         subprocess.run(cmd, cwd=root, env=env, capture_output=True, check=False)
     times: dict[str, list[float]] = {name: [] for name, _, _ in spaces}
@@ -62,7 +69,7 @@ def main() -> int:
                 return 1
             times[name].append(took)
     bytecode = "written" if args.bytecode else f"PYTHONDONTWRITEBYTECODE={env.get('PYTHONDONTWRITEBYTECODE', '')!r}"
-    print(f"no-op `doit wheels {' '.join(extra)}`, {args.runs} runs each, alternating; bytecode {bytecode}")
+    print(f"no-op `doit {args.tasks} {' '.join(extra)}`, {args.runs} runs each, alternating; bytecode {bytecode}")
     print(f"{'workspace':<12} {'median ms':>9} {'min ms':>7} {'max ms':>7}")
     for name, values in times.items():
         ms = [v * 1000 for v in values]

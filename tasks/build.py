@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import builder, docker, jobserver, ninjaorder, objcache, proc, reproducible, toolchain, workspace
+from tasks import builder, docker, jobserver, ninjaorder, objcache, plan, proc, reproducible, toolchain, workspace
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -302,6 +302,12 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 wait_s=interval_union(built.waits, wall_start, wall_start + seconds),
             )
         )
+        # For the next forecast (tasks/plan.py): the part of the wall time its compiles ran or waited.
+        spans = [(wall_start + u.start_ms / 1000, wall_start + u.end_ms / 1000) for u in units]
+        covered = interval_union([*spans, *built.waits], wall_start, wall_start + seconds) if units else None
+        edges = [os.path.basename(u.output) for u in units]
+        plan.record_build(ctx.cache.root, pkg.name, key=key, wall_s=seconds, wait_s=ctx.outcomes[pkg.name].wait_s,
+                          compile_s=covered, slots=jobs, ninja_units=edges)  # fmt: skip
     finally:
         if os.environ.get("REPRO_KEEP_STAGE", "") in ("", "0"):
             rmtree(stage_dir)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # imported where used: a no-op run needs none of them (docs/b
     from tasks.hermetic import Hermetic
     from tasks.jobserver import JobServer
     from tasks.objcache import ObjectCache
+    from tasks.plan import Forecast
     from tasks.remote import Remote
     from tasks.timeline import Outcome
 
@@ -44,6 +45,9 @@ class Context:
     _jobserver: JobServer | None = None
     _objcache: ObjectCache | bool | None = False  # False: not set up yet
     _skipped: dict[str, str] = field(default_factory=dict)
+    #: The run's forecast (tasks/plan.py), made when the first build starts; the summary prints it beside what happened.
+    forecast: Forecast | None = None
+    _forecast_known: set[str] = field(default_factory=set)  # packages the forecast had a record of
 
     @classmethod
     def load(cls, doit_vars: dict[str, str] | None = None) -> Context:
@@ -265,7 +269,37 @@ class Context:
     def record(self, outcome: Outcome) -> None:
         """Remember what happened to a package in this run (builds may run in threads)."""
         with self._lock:
+            if self.forecast is not None and outcome.status == "built" and outcome.package in self._forecast_known:
+                outcome.forecast_s = self.forecast.packages[outcome.package].wall_s
             self.outcomes[outcome.package] = outcome
+
+    @property
+    def forecast_s(self) -> float | None:
+        """The forecast wall time of this run's builds, when one was made."""
+        return self.forecast.wall_s if self.forecast is not None else None
+
+    def _make_forecast(self, building: Sequence[Package], budget: tuple[int, float | None]) -> None:
+        """Forecast the builds about to start (those the remote has are restored instead); never fails a run."""
+        from tasks import plan
+
+        try:
+            if self.remote is not None:
+                building = [p for p in building if self.remote.lookup(self.key(p)[0]) is None]
+            forecast, where = plan.forecast_run(self, building, budget)
+        except Exception as exc:  # a forecast that cannot be made is a line, never a failed build
+            print(f"note: no forecast for this run ({exc.__class__.__name__}: {exc})", flush=True)
+            return
+        self._forecast_known = {name for name, (origin, _) in where.items() if origin == "cache"}
+        unknown = sorted(set(where) - self._forecast_known)
+        if len(unknown) == len(where):
+            return  # nothing recorded: no figure to compare with
+        self.forecast = forecast
+        without = f", without a record of {', '.join(unknown)}" if unknown else ""
+        print(
+            f"forecast: {forecast.wall_s:.1f} s of wall time for {len(building)} build(s){without} "
+            "(`doit plan` says why they build)",
+            flush=True,
+        )
 
     def jobserver(self) -> JobServer:
         """The run's one job budget, sized on first use for the packages this run must build."""
@@ -299,6 +333,7 @@ class Context:
                     unit_log=(self.settings.logs / "units.log").absolute(),
                 )
                 print(f"job budget: {budget.slots} ({budget.reason}); {self._jobserver.describe()}", flush=True)
+                self._make_forecast(building, (budget.slots, mem * 1024 if per_unit and mem is not None else None))
             return self._jobserver
 
     def objcache(self) -> ObjectCache | None:

@@ -13,6 +13,7 @@
     export          the image as a docker-archive and an OCI layout, with sha256s
     bundle          one file for an air-gapped site: wheelhouse, SBOM, image, mirror, SHA256SUMS
     unbundle        verify a bundle and unpack it (refuses an altered one)
+    plan            what `doit wheels` would do, why, and how long (writes nothing)
 
 Task creators only read the parsed lock; nothing here touches the network,
 git or a compiler while doit loads or lists tasks.
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from doit.exceptions import TaskFailed
+from doit.reporter import ConsoleReporter
 
 from tasks.cache import copy_atomic, rmtree
 from tasks.context import Context
@@ -77,6 +79,8 @@ def claim_workspace() -> None:
     from tasks import workspace
     from tasks.settings import load_settings
 
+    if only_plan(sys.argv[1:]):
+        return  # reads only: it may run beside a build
     try:
         settings = load_settings()
     except ReproError:
@@ -699,3 +703,52 @@ def task_bundle() -> TaskDict:
 def task_unbundle() -> TaskDict:
     """Verify a bundle (bundle=FILE) against its SHA256SUMS and unpack it to dest=DIR; an altered bundle is refused."""
     return {"actions": [_do_unbundle], "uptodate": [False], **CONSOLE}
+
+
+# --------------------------------------------------------------------------- doit plan
+
+
+def only_plan(argv: list[str]) -> bool:
+    """Whether doit's command line runs the ``plan`` task and nothing else (it takes no workspace lock)."""
+    from tasks.workspace import VALUE_OPTIONS
+
+    words, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in VALUE_OPTIONS:
+            skip = True
+        elif "=" not in arg and not arg.startswith("-"):
+            words.append(arg)
+    return words in (["plan"], ["run", "plan"])
+
+
+@guarded
+def _do_plan() -> None:
+    import json
+
+    from tasks import plan
+
+    _require_pins()
+    ctx = context()
+    made = plan.make_plan(ctx)
+    if ctx.settings.format == "json":
+        print(json.dumps(plan.to_json(made), indent=1, sort_keys=True), flush=True)
+    else:
+        print(plan.render_text(made), flush=True)
+
+
+def task_plan() -> TaskDict:
+    """Say what `doit wheels` would do for each package, which inputs of its key changed, and how long (format=json)."""
+    return {"actions": [_do_plan], "uptodate": [False], "verbosity": 2, "io": {"capture": False}}
+
+
+class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
+    """doit's console reporter, without the ``.  plan`` title when ``doit plan format=json`` prints its
+    document: stdout is then the JSON alone."""
+
+    def execute_task(self, task: Any) -> None:
+        if task.name == "plan" and context().settings.format == "json":
+            return
+        super().execute_task(task)

@@ -6,6 +6,8 @@ bucket and prefix, ``remote=s3://bucket/prefix``)::
 
     ac/<action key>    a small JSON record: filename, sha256, size, key, key_document, package
     cas/<sha256>       the wheel's bytes
+    ac/<history key>   per package, the key documents of its last builds uploaded (for `doit plan`'s
+                       diff against the nearest earlier build): the sha256 of "reprostack-history:<package>"
 
 Trust: the server is trusted for the mapping action key -> sha256 (whoever
 can write ``ac/`` decides which wheel a key gets, so give write access to
@@ -48,6 +50,8 @@ from tasks.keys import action_key, canonical_json
 if TYPE_CHECKING:
     import requests
 
+    from tasks.plan import Earlier
+
 #: Tries per request (connection errors, timeouts, 5xx), with this backoff between them (HTTP).
 #: An S3 request gets the same number of tries from botocore's "standard" retry mode.
 TRIES = 3
@@ -56,6 +60,9 @@ CHUNK = 1 << 20
 
 _WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.+!-]+\.whl$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: Builds a package's history record on the remote keeps (the newest first).
+HISTORY = 16
+
 #: S3 bucket names: 3 to 63 lower-case letters, digits, dots and hyphens, a letter or digit at each end.
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -171,6 +178,33 @@ class Remote:
             return f"sha256 {digest}, but the record states {sha256}"
         return None
 
+    def lookup(self, key: str) -> int | None:
+        """The size in bytes of the wheel the remote holds for ``key`` by a well-formed record of that key;
+        None when it holds none (or does not answer: then it stays off for the run). Downloads nothing else."""
+        if self._off:
+            return None
+        try:
+            raw = self.store.get(f"ac/{key}")
+        except RemoteUnavailable as exc:
+            self._give_up(str(exc))
+            return None
+        record = check_record(raw, key) if raw is not None else None
+        return record["size"] if isinstance(record, dict) else None
+
+    def history(self, package: str) -> list[Earlier]:
+        """The builds of ``package`` whose records this remote's history of it names (each key document
+        checked against its key); empty when it has none or does not answer."""
+        from tasks.plan import Earlier
+
+        if self._off:
+            return []
+        try:
+            raw = self.store.get(f"ac/{history_key(package)}")
+        except RemoteUnavailable as exc:
+            self._give_up(str(exc))
+            return []
+        return [Earlier(e["key"], e["key_document"], e["time"], "remote") for e in read_history(raw, package)]
+
     # -- writing
 
     def upload(
@@ -203,10 +237,23 @@ class Remote:
         except RemoteUnavailable as exc:
             self._give_up(str(exc))
             return
+        self._add_history(package, entry.key, key_document)
         with self._lock:
             self._present.add(entry.key)
         what = "its record (the blob was there)" if blob_there else "blob and record"
         print(f"uploaded {package} to remote {self.url} (key {entry.key[:12]}; {what})", flush=True)
+
+    def _add_history(self, package: str, key: str, key_document: dict[str, Any]) -> None:
+        """Put ``key`` first in the package's history record (read, then written: two writers at once may
+        lose one entry, which only makes `doit plan` compare with an older build)."""
+        path = f"ac/{history_key(package)}"
+        try:
+            known = read_history(self.store.get(path), package)
+            entry = {"key": key, "time": time.time(), "key_document": key_document}
+            builds = [entry, *(e for e in known if e["key"] != key)][:HISTORY]
+            self.store.put(path, canonical_json({"package": package, "history": builds}))
+        except RemoteUnavailable as exc:
+            self._give_up(str(exc))
 
     def _give_up(self, problem: str) -> None:
         with self._lock:
@@ -505,6 +552,28 @@ def check_record(raw: bytes, key: str) -> dict[str, Any] | str:
     if not isinstance(doc, dict) or action_key(doc) != key:
         return "its key document does not hash to the action key"
     return record
+
+
+def history_key(package: str) -> str:
+    """Where the remote keeps ``package``'s history under ``ac/``: a sha256 no action key has."""
+    return hashlib.sha256(f"reprostack-history:{package}".encode()).hexdigest()
+
+
+def read_history(raw: bytes | None, package: str) -> list[dict[str, Any]]:
+    """The entries of a history record of ``package`` whose key document hashes to their key."""
+    try:
+        doc = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return []
+    if not isinstance(doc, dict) or doc.get("package") != package or not isinstance(doc.get("history"), list):
+        return []
+    out = []
+    for e in doc["history"]:
+        if not isinstance(e, dict) or not isinstance(e.get("key_document"), dict):
+            continue
+        if action_key(e["key_document"]) == e.get("key") and isinstance(e.get("time"), int | float):
+            out.append(e)
+    return out
 
 
 def shard_packages(

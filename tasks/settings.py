@@ -32,6 +32,7 @@ remote     REPRO_REMOTE        remote wheel cache: an http(s) URL of a Bazel HTT
 remote_write REPRO_REMOTE_WRITE  ``on``: upload wheels built in this run to the remote; ``off`` (default): read only
 remote_timeout REPRO_REMOTE_TIMEOUT  seconds to connect and to read, per remote request (default 10); 3 tries each
 shard      REPRO_SHARD         ``i/N``: ``doit wheels`` builds only shard i of N of the packages, assembles nothing
+format     REPRO_FORMAT        ``doit plan``: ``text`` (default) or ``json`` (schema in docs/tasks.md)
 =========  ==================  ===============================================
 
 The workspace file ``reprostack.toml`` (in the directory doit runs in) holds defaults for this
@@ -76,6 +77,7 @@ VARIABLES = {
     "remote_write": ("REPRO_REMOTE_WRITE", "off"),
     "remote_timeout": ("REPRO_REMOTE_TIMEOUT", "10"),
     "shard": ("REPRO_SHARD", ""),
+    "format": ("REPRO_FORMAT", "text"),
 }
 
 
@@ -113,6 +115,8 @@ class Settings:
     shard: tuple[int, int] | None = None
     #: ``unit``: the gate admits each compile by its own memory; ``job``: a fixed mem_per_job_gb per job.
     memory: str = "unit"
+    #: ``doit plan``'s output: ``text`` or ``json``.
+    format: str = "text"
     #: The variables the workspace's reprostack.toml supplied (see workspace_defaults).
     from_workspace: tuple[str, ...] = ()
 
@@ -209,6 +213,9 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
     export = _get("export", doit_vars)
     bundle = _get("bundle", doit_vars)
     remote, remote_write, remote_timeout = _remote(doit_vars)
+    output = _get("format", doit_vars)
+    if output not in ("text", "json"):
+        raise ReproError(f"format={output!r}: use 'text' or 'json' (doit plan)")
     return Settings(
         lock=Path(_get("lock", doit_vars)),
         profile=_get("profile", doit_vars) or "default",
@@ -236,6 +243,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         remote_timeout=remote_timeout,
         shard=parse_shard(_get("shard", doit_vars)),
         memory=memory,
+        format=output,
         from_workspace=tuple(sorted(from_workspace)),
     )
 

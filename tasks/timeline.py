@@ -46,6 +46,7 @@ class Outcome:
     object_hits: int = 0
     object_misses: int = 0
     wait_s: float = 0.0  # of wall_s: waiting for job slots (other builds held them)
+    forecast_s: float | None = None  # what the run's forecast said of its wall time (tasks/plan.py)
 
 
 def parse_ninja_log(text: str) -> list[Unit]:
@@ -86,15 +87,17 @@ def chrome_trace(outcomes: Iterable[Outcome]) -> dict[str, Any]:
 
 def summary_table(outcomes: Iterable[Outcome]) -> str:
     rows = [("package", "result", "wall s", "waited s", "built s", "CPU s", "largest process MB", "units",
-             "objects hit/miss")]  # fmt: skip
+             "objects hit/miss", "forecast s")]  # fmt: skip
     for o in sorted(outcomes, key=lambda o: o.package):
+        forecast = f"{o.forecast_s:.1f}" if o.forecast_s is not None else "-"
         if o.status == "built":
             rows.append((
                 o.package, "built", f"{o.wall_s:.1f}", f"{o.wait_s:.1f}", f"{o.wall_s - o.wait_s:.1f}",
                 f"{o.cpu_s:.0f}", f"{o.max_rss_mb:.0f}", str(len(o.units)), f"{o.object_hits}/{o.object_misses}",
+                forecast,
             ))  # fmt: skip
         else:
-            rows.append((o.package, o.status, "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((o.package, o.status, "-", "-", "-", "-", "-", "-", "-", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -103,10 +106,15 @@ def trace_json(outcomes: Iterable[Outcome]) -> str:
     return json.dumps(chrome_trace(outcomes), indent=1) + "\n"
 
 
-def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path) -> None:
-    """Print the run's summary table of ``names``; write its timeline to ``trace`` when anything was built."""
+def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path, forecast_s: float | None = None) -> None:
+    """Print the run's summary table of ``names``, and the forecast of the run's wall time (``forecast_s``)
+    next to what it took; write its timeline to ``trace`` when anything was built."""
     rows = [outcomes.get(n) or Outcome(package=n, status="cached") for n in names]
     print(summary_table(rows), flush=True)
+    built = [o for o in rows if o.status == "built"]
+    if built and forecast_s is not None:
+        took = max(o.start + o.wall_s for o in built) - min(o.start for o in built)
+        print(f"forecast: {forecast_s:.1f} s of wall time for the builds; they took {took:.1f} s", flush=True)
     if any(o.status == "built" for o in rows):
         write_atomic(trace, trace_json(rows))
         print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)

@@ -151,7 +151,7 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
                 runtime=runtime_section(ctx),
             ),
         )
-    timeline.report(ctx.outcomes, [p.name for p in ctx.packages], ctx.settings.builddir / "trace.json")
+    timeline.report(ctx.outcomes, [p.name for p in ctx.packages], ctx.settings.builddir / "trace.json", ctx.forecast_s)
     for r in records:
         if r.origin != "fetched":
             print(f"  {r.filename}  sha256:{r.sha256[:16]}…", flush=True)

@@ -27,6 +27,7 @@ from conftest import (
 from serve import FixtureServer
 
 from tasks.cache import rmtree
+from tasks.remote import history_key
 from tasks.treehash import file_sha256
 
 pytestmark = pytest.mark.integration
@@ -238,20 +239,21 @@ def test_wheels_from_the_local_cache_are_uploaded_once(
     assert built_packages(res.stdout) == []
     assert res.stdout.count("uploaded ") == len(QUICK), res.stdout
     keys = {e["package"]: str(e["key"]) for e in entries(hot.cache).values()}
+    history = [f"/ac/{history_key(p)}" for p in QUICK]  # each upload goes first in its package's history
     assert sorted(_puts(nginx)) == sorted(
-        [f"/cas/{sha}" for sha in shas(hot).values()] + [f"/ac/{k}" for k in keys.values()]
+        [f"/cas/{sha}" for sha in shas(hot).values()] + [f"/ac/{k}" for k in keys.values()] + history
     )
 
     # Already there: nothing is sent again.
     res = hot.doit("wheels", "profile=quick", f"remote={nginx.url}", "remote_write=on")
     assert "uploaded " not in res.stdout
-    assert len(_puts(nginx)) == 2 * len(QUICK)
+    assert len(_puts(nginx)) == 3 * len(QUICK)
 
     # A record lost on the server: only the record goes up again, not the blob beside it.
     (nginx.store / "ac" / keys["repro_pure"]).unlink()
     res = hot.doit("wheels", "profile=quick", f"remote={nginx.url}", "remote_write=on")
     assert "uploaded repro_pure" in res.stdout and "the blob was there" in res.stdout
-    assert _puts(nginx)[2 * len(QUICK) :] == [f"/ac/{keys['repro_pure']}"]
+    assert _puts(nginx)[3 * len(QUICK) :] == [f"/ac/{keys['repro_pure']}", f"/ac/{history_key('repro_pure')}"]
 
     fresh = make_workspace(tmp_path / "fresh", tmp_path / "cache-fresh", server.url)
     res = fresh.doit("wheels", "profile=quick", f"remote={nginx.url}")

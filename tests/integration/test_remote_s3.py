@@ -188,7 +188,8 @@ def s3_seeded(
         assert sorted(built_packages(res.stdout)) == QUICK
         assert res.stdout.count("uploaded ") == len(QUICK)
         assert "note: the object cache is not shared with s3://" in res.stdout
-        assert sorted(k.split("/")[2] for k in srv.objects("ci/stack/")) == ["ac"] * 3 + ["cas"] * 3
+        # A record per wheel and its package's history (for doit plan) under ac/, the wheels under cas/.
+        assert sorted(k.split("/")[2] for k in srv.objects("ci/stack/")) == ["ac"] * 6 + ["cas"] * 3
         yield srv, ws
     finally:
         srv.stop()

@@ -1,0 +1,303 @@
+"""`doit plan`'s pure parts: the key diff, the nearest earlier build, the forecast (no processes)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.keys import action_key, canonical_json
+from tasks.plan import (
+    BUILD,
+    REMOTE,
+    SCHEMA,
+    Earlier,
+    Forecast,
+    Line,
+    PackageWork,
+    Plan,
+    UnitWork,
+    diff_inputs,
+    hint_range,
+    nearest,
+    render_text,
+    serial_seconds,
+    simulate,
+    split_units,
+    to_json,
+)
+from tasks.remote import history_key, read_history
+
+
+def doc(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "recipe_format": 2,
+        "package": "transformer_engine",
+        "sources": {".": "a" * 64, "3rdparty/cudnn-frontend": "b" * 64},
+        "patches": [{"name": "0001-a.patch", "sha256": "1" * 64}, {"name": "0002-b.patch", "sha256": "2" * 64}],
+        "recipe": {
+            "subdir": "",
+            "env": {"NVTE_CUDA_ARCHS": "90a"},
+            "pip_args": [],
+            "build_requires": {"torch": "2.11.0"},
+        },
+        "toolchain": {"python": "3.12.3", "torch": "2.11.0+cu130", "cc": "gcc 13", "nvcc": "release 13.0"},
+        "archs": ["sm_90a"],
+        "reproducible": {"method": "mount"},
+    }
+    for path, value in changes.items():
+        node = base
+        *parents, last = path.split("__")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return base
+
+
+# --------------------------------------------------------------------------- key diff
+
+
+def test_an_unchanged_document_has_no_differences() -> None:
+    assert diff_inputs(doc(), doc()) == []
+
+
+def test_each_kind_of_input_is_named_in_words() -> None:
+    assert diff_inputs(doc(), doc(toolchain__torch="2.11.1+cu130", recipe__build_requires={"torch": "2.11.1"})) == [
+        "torch 2.11.0+cu130 -> 2.11.1+cu130"  # the build requirement torch is the same change: said once
+    ]
+    arch = doc(recipe__env={"NVTE_CUDA_ARCHS": "90a;100a"})
+    assert diff_inputs(doc(), arch) == ["env NVTE_CUDA_ARCHS 90a -> 90a;100a"]
+    assert diff_inputs(doc(), doc(recipe__env={})) == ["env NVTE_CUDA_ARCHS 90a -> (none)"]
+    assert diff_inputs(doc(), doc(archs=["sm_90a", "sm_100a"])) == ["archs sm_90a -> sm_90a;sm_100a"]
+    assert diff_inputs(doc(), doc(toolchain__cc="gcc 14")) == ["cc gcc 13 -> gcc 14"]
+    assert diff_inputs(doc(), doc(reproducible={"method": "in-place"})) == ["reproducible method mount -> in-place"]
+
+
+def test_patches_changed_added_removed_and_reordered() -> None:
+    one, two = doc()["patches"]
+    changed = dict(two, sha256="3" * 64)
+    assert diff_inputs(doc(), doc(patches=[one, changed])) == ["patch 0002-b.patch changed"]
+    assert diff_inputs(doc(), doc(patches=[one])) == ["patch 0002-b.patch removed"]
+    three = {"name": "0003-c.patch", "sha256": "4" * 64}
+    assert diff_inputs(doc(), doc(patches=[one, two, three])) == ["patch 0003-c.patch added"]
+    assert diff_inputs(doc(), doc(patches=[two, one])) == ["patches reordered"]
+
+
+def test_sources_are_named_by_the_labels_given_else_by_their_hashes() -> None:
+    new = doc(sources={".": "c" * 64, "3rdparty/cudnn-frontend": "b" * 64})
+    assert diff_inputs(doc(), new) == [f"source . {'a' * 12} -> {'c' * 12}"]
+    labels = {".": ("transformer-engine", "3cd6870", "5a1b2c3")}
+    assert diff_inputs(doc(), new, sources=labels) == ["source transformer-engine 3cd6870 -> 5a1b2c3"]
+    overlay = doc(sources={".": "a" * 64, "3rdparty/cudnn-frontend": "d" * 64})
+    labels = {"3rdparty/cudnn-frontend": ("cudnn-frontend", "1111111", "2222222")}
+    assert diff_inputs(doc(), overlay, sources=labels) == [
+        "source cudnn-frontend (at 3rdparty/cudnn-frontend) 1111111 -> 2222222"
+    ]
+
+
+def test_an_input_the_diff_does_not_know_is_still_named() -> None:
+    assert diff_inputs(doc(), dict(doc(), sanitizer="asan")) == ["sanitizer (none) -> asan"]
+
+
+def test_nearest_is_the_fewest_differences_then_the_most_recent() -> None:
+    now = doc(toolchain__torch="2.11.1+cu130", recipe__env={"NVTE_CUDA_ARCHS": "90a;100a"})
+    far = Earlier("k1", doc(), 300.0, "local")  # two differences, the newest
+    near_old = Earlier("k2", doc(toolchain__torch="2.11.1+cu130"), 100.0, "remote")  # one
+    near_new = Earlier("k3", doc(toolchain__torch="2.11.1+cu130"), 200.0, "local")  # one, newer
+    found = nearest(now, [far, near_old, near_new])
+    assert found is not None
+    assert found[0].key == "k3"
+    assert found[1] == ["env NVTE_CUDA_ARCHS 90a -> 90a;100a"]
+    assert nearest(now, []) is None
+
+
+def test_the_remote_history_keeps_only_entries_whose_document_hashes_to_their_key() -> None:
+    good = {"key": action_key(doc()), "time": 1.0, "key_document": doc()}
+    forged = {"key": "0" * 64, "time": 2.0, "key_document": doc()}
+    raw = canonical_json({"package": "transformer_engine", "history": [good, forged, "junk"]})
+    assert read_history(raw, "transformer_engine") == [good]
+    assert read_history(raw, "apex") == []  # another package's
+    assert read_history(b"not json", "apex") == [] and read_history(None, "apex") == []
+    assert history_key("apex") != history_key("transformer_engine") and len(history_key("apex")) == 64
+
+
+# --------------------------------------------------------------------------- forecast
+
+
+def units(*seconds: float, mb: float = 1000.0) -> tuple[UnitWork, ...]:
+    return tuple(UnitWork(f"u{i}.o", s, mb) for i, s in enumerate(seconds))
+
+
+def test_units_share_the_slots_longest_first() -> None:
+    f = simulate([PackageWork("a", units(10, 10, 10, 10))], slots=2)
+    assert f.wall_s == 20 and f.packages["a"].wall_s == 20
+    # Longest first: the 4 s unit starts at once and the four 1 s units fill the other slot.
+    assert simulate([PackageWork("a", units(1, 1, 1, 1, 4))], slots=2).wall_s == 4
+    assert simulate([PackageWork("a", units(1, 1, 1, 1, 4))], slots=1).wall_s == 8
+
+
+def test_serial_time_comes_before_the_units() -> None:
+    f = simulate([PackageWork("a", units(5, 5), serial_s=30)], slots=4)
+    assert f.wall_s == 35
+    assert simulate([PackageWork("pure", (), serial_s=2.5)], slots=4).wall_s == 2.5
+    assert simulate([], slots=4) == Forecast(wall_s=0.0, peak_mb=0.0, packages={})
+
+
+def test_memory_admission_serialises_units_that_do_not_fit_together() -> None:
+    big = units(10, 10, mb=10_000)
+    assert simulate([PackageWork("a", big)], slots=2, budget_mb=15_000).wall_s == 20
+    assert simulate([PackageWork("a", big)], slots=2, budget_mb=None).wall_s == 10
+    f = simulate([PackageWork("a", big)], slots=2, budget_mb=25_000)
+    assert f.wall_s == 10 and f.peak_mb == 20_000
+    # A unit larger than the whole budget runs, alone.
+    huge = simulate([PackageWork("a", units(3, mb=50_000))], slots=2, budget_mb=15_000)
+    assert huge.wall_s == 3 and huge.peak_mb == 50_000
+
+
+def test_a_light_unit_passes_a_heavy_one_only_where_it_leaves_the_heavy_ones_room() -> None:
+    heavy = PackageWork("heavy", (UnitWork("h1.o", 10, 8000), UnitWork("h2.o", 10, 8000)), priority=5)
+    light = PackageWork("light", (UnitWork("l.o", 2, 1000),), priority=1)
+    # Budget 9 GB, 3 slots: h1 runs; h2 waits for room, and l.o, behind it, would take the room h2 waits for
+    # (alone it would end at 2 s); when h1 ends, h2 starts and l.o fits beside it.
+    f = simulate([heavy, light], slots=3, budget_mb=9000)
+    assert f.packages["heavy"].end_s == 20 and f.packages["light"].end_s == 12
+    assert f.peak_mb == 9000
+    # 16.5 GB: h1 and h2 at once, no room for l.o until one of them ends.
+    f = simulate([heavy, light], slots=3, budget_mb=16_500)
+    assert f.packages["heavy"].end_s == 10 and f.packages["light"].end_s == 12
+    # 17 GB: room for all three at once.
+    f = simulate([heavy, light], slots=3, budget_mb=17_000)
+    assert f.wall_s == 10 and f.packages["light"].end_s == 2 and f.peak_mb == 17_000
+
+
+def test_the_package_of_the_highest_priority_gets_the_tokens_first() -> None:
+    te = PackageWork("te", units(10, 10), priority=100)
+    apex = PackageWork("apex", units(10, 10), priority=10)
+    f = simulate([apex, te], slots=2)
+    assert f.packages["te"].end_s == 10 and f.packages["apex"].end_s == 20
+
+
+def test_a_token_is_kept_for_the_top_package_while_it_runs_no_compile() -> None:
+    te = PackageWork("te", units(1), serial_s=5, priority=100)
+    other = PackageWork("other", units(*[10] * 8), priority=1)
+    kept = simulate([te, other], slots=4)
+    # te's unit starts the moment its serial part ends; the other package had three slots meanwhile.
+    assert kept.packages["te"].end_s == 6
+    # The other package: three units at 0 s, the fourth slot once te is done (6 s), then as slots free.
+    assert kept.packages["other"].end_s == 26
+    # Below four slots nothing is kept, and te's unit waits for a slot of the other package.
+    assert simulate([te, other], slots=2).packages["te"].end_s == 11
+
+
+def test_doit_runs_at_most_its_tasks_at_once() -> None:
+    work = [PackageWork(n, (), serial_s=10) for n in "abc"]
+    assert simulate(work, slots=8, tasks=1).wall_s == 30
+    f = simulate(work, slots=8, tasks=2)
+    assert f.wall_s == 20 and f.packages["c"].start_s == 10
+
+
+def test_the_forecast_is_a_pure_function_of_its_records() -> None:
+    work = [PackageWork("a", units(3, 1, 2), serial_s=1, priority=2), PackageWork("b", units(5, 5), priority=1)]
+    before = copy.deepcopy(work)
+    assert simulate(work, slots=2, budget_mb=4000) == simulate(work, slots=2, budget_mb=4000)
+    assert work == before
+
+
+def test_the_links_run_after_the_compiles() -> None:
+    f = simulate([PackageWork("te", units(10, 10), serial_s=5, tail_s=30)], slots=2)
+    assert f.wall_s == 45 and f.packages["te"].end_s == 45
+    assert simulate([PackageWork("pure", (), tail_s=3)], slots=2).wall_s == 3
+
+
+def test_recorded_units_split_into_compiles_a_tail_and_the_serial_part() -> None:
+    times = {"a.cu.o": 100.0, "a.cu.E": 5.0, "b.o": 20.0, "b.cpp.E": 1.0, "libte.so": 30.0, "CMakeCheck.o": 0.5}
+    gated = {"a.cu.o", "a.cu.E", "b.o", "b.cpp.E", "CMakeCheck.o"}
+    ninja = ["a.cu.o", "b.o", "libte.so"]
+    # The preprocessor runs join their compiles; the link is the tail; the configure check is serial.
+    assert split_units(times, gated, ninja) == ({"a.cu.o": 105.0, "b.o": 21.0}, 30.0)
+    # Without a ninja log (or a gate), every unit compiles.
+    assert split_units(times, gated, []) == (
+        {"a.cu.o": 105.0, "b.o": 21.0, "libte.so": 30.0, "CMakeCheck.o": 0.5},
+        0.0,
+    )
+    assert split_units({"x.o": 1.0, "y.c.E": 2.0}, set(), ["x.o"]) == ({"x.o": 1.0, "y.c.E": 2.0}, 0.0)
+
+
+def test_hints_give_a_range_and_records_give_the_serial_part() -> None:
+    assert hint_range([], 4) == (0.0, 0.0)
+    assert hint_range([100, 10, 10], 4) == (100, 30 + 100)
+    assert hint_range([10] * 8, 2) == (40, 50)
+    # ninja placed the compiles: the rest of the wall time is serial.
+    assert serial_seconds({"wall_s": 100, "compile_s": 70, "slots": 4}, units(50, 20), 4) == 30
+    # no ninja log: the units alone on its slots (50 s) and its waits are taken off its wall time.
+    assert serial_seconds({"wall_s": 100, "compile_s": None, "wait_s": 10, "slots": 4}, units(50, 20), 4) == 40
+    assert serial_seconds({"wall_s": 10, "compile_s": None, "slots": 4}, units(50), 4) == 0
+
+
+# --------------------------------------------------------------------------- output
+
+
+def a_plan() -> Plan:
+    build = Line("te", BUILD, "f" * 64, changes=["patch 0002-b.patch changed"], origin="cache",
+                 nearest=Earlier("e" * 64, doc(), 0.0, "local"), reuse=("partial", "object cache: ..."))  # fmt: skip
+    restored = Line("apex", REMOTE, "d" * 64, download_bytes=2_500_000)
+    forecast = simulate([PackageWork("te", units(60, 30), serial_s=10)], slots=2)
+    return Plan(lock="sources.lock", profile="no-fa2", remote="http://cache", slots=2, budget_mb=8192.0,
+                lines=[build, restored], forecast=forecast)  # fmt: skip
+
+
+def test_the_json_schema_is_stable() -> None:
+    out = to_json(a_plan())
+    json.dumps(out)  # serialisable
+    assert out["schema"] == SCHEMA
+    assert set(out) == {"schema", "lock", "profile", "remote", "packages", "counts", "download_bytes", "forecast"}
+    assert set(out["forecast"]) == {"wall_s", "peak_mb", "slots", "mem_budget_mb", "complete"}
+    te, apex = out["packages"]
+    assert set(te) == {"package", "action", "key", "download_bytes", "changes", "nearest", "object_cache", "forecast"}
+    assert te["action"] == "build" and te["changes"] == ["patch 0002-b.patch changed"]
+    assert te["forecast"] == {"wall_s": 70.0, "start_s": 0.0, "record": "cache", "range_s": None}
+    assert te["nearest"]["where"] == "local" and te["object_cache"] == "partial"
+    assert apex["action"] == "remote" and apex["download_bytes"] == 2_500_000 and apex["forecast"] is None
+    assert out["download_bytes"] == 2_500_000 and out["counts"]["build"] == 1 and out["counts"]["remote"] == 1
+    assert out["forecast"]["wall_s"] == 70.0 and out["forecast"]["complete"] is True
+
+
+def test_the_text_names_the_package_its_changes_and_the_bytes(tmp_path: Path) -> None:
+    text = render_text(a_plan())
+    assert "  te    built (key ffffffffffff), about 70 s" in text
+    assert "  patch 0002-b.patch changed" in text
+    assert "  apex  restored from the remote (2.5 MB to download)" in text
+    assert "forecast: 70 s of wall time for 1 build(s)" in text
+
+
+@pytest.mark.parametrize("bad", ["yaml", ""])
+def test_format_takes_text_or_json(bad: str) -> None:
+    from tasks.errors import ReproError
+    from tasks.settings import load_settings
+
+    assert load_settings({"format": "json"}).format == "json"
+    with pytest.raises(ReproError, match="format="):
+        load_settings({"format": bad})
+
+
+def test_only_a_plan_run_goes_without_the_workspace_lock() -> None:
+    from tasks.graph import only_plan
+
+    assert only_plan(["plan"]) and only_plan(["run", "plan", "format=json", "lock=x.lock"])
+    assert only_plan(["-n", "4", "--db-file", "other.db", "plan"])
+    assert not only_plan(["wheels"]) and not only_plan(["plan", "wheels"]) and not only_plan([])
+
+
+def test_a_package_without_a_record_says_so_with_the_range_of_its_hints() -> None:
+    line = Line("flash_attn", BUILD, "a" * 64, origin="hints", range_s=(760.0, 1900.0), reuse=("empty", "..."))
+    forecast = simulate([PackageWork("flash_attn", units(760, 500, 400))], slots=4)
+    text = render_text(Plan("sources.lock", "default", "", 4, None, [line], forecast))
+    assert "no record in this cache: 12 min 40 s to 31 min 40 s of compiles by the lock's hints" in text
+    assert "without a record of flash_attn" in text and "tokens only" in text
+    nothing = Line("mbridge", BUILD, "b" * 64, origin="none")
+    text = render_text(Plan("sources.lock", "default", "", 4, None, [nothing], simulate([], slots=4)))
+    assert "no record in this cache and no hints in the lock: time unknown" in text
+    assert "forecast: none" in text
