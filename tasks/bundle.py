@@ -10,13 +10,15 @@ already) holding one directory::
                          sbom.cdx.json, provenance/
         image/           the exported image (docker-archive, OCI layout), with bundle_image=on
         mirror/          what `doit mirror` writes (trees/, archives/, wheels/, index.json), with bundle_mirror=on
+        tool/            the tool's own wheels and their hash-pinned requirements.txt (tasks/selfwheels.py)
+        unbundle.py      the unpacker (tasks/bundle_unpack.py): checks and unpacks with python3 alone
         SHA256SUMS       every other file's sha256 (`sha256sum -c` input)
 
 and ``<bundle>.sha256`` beside it for checking the transfer. Entries are
 sorted, with fixed times and owners, so the same inputs give the same bundle.
 
-`doit unbundle` checks every member before anything is written (only regular
-files and directories, all under ``reprostack-bundle/``: no links, devices,
+`doit unbundle`, like ``unbundle.py`` where only python3 is, checks every member before
+anything is written (only regular files and directories, all under ``reprostack-bundle/``: no links, devices,
 absolute names or ``..``), compares the file list with SHA256SUMS, then streams
 each file into a private temporary directory while hashing it, stops at the
 first that differs, and only then renames the directory into place; a damaged
@@ -27,7 +29,6 @@ protects the content against someone who altered both (:func:`check_transfer`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -37,14 +38,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tasks import members
-from tasks.cache import rmtree, warn, write_atomic
+from tasks import bundle_unpack
+from tasks.cache import warn, write_atomic
 from tasks.errors import BundleError
 from tasks.treehash import file_sha256
 from tasks.wheelnorm import DEFAULT_EPOCH
 
-TOP = "reprostack-bundle"
-SUMS = "SHA256SUMS"
+TOP = bundle_unpack.TOP
+SUMS = bundle_unpack.SUMS
 FORMAT = 1
 
 
@@ -66,13 +67,10 @@ def sums_text(root: Path) -> str:
 
 
 def parse_sums(text: str) -> dict[str, str]:
-    entries: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        digest, sep, rel = line.partition("  ")
-        if not sep or len(digest) != 64 or not rel:
-            raise BundleError(f"{SUMS} line {number} is malformed: {line!r}")
-        entries[rel] = digest
-    return entries
+    try:
+        return bundle_unpack.parse_sums(text)
+    except bundle_unpack.Refused as exc:
+        raise BundleError(str(exc)) from None
 
 
 def _add_tree(tar: tarfile.TarFile, root: Path, arcroot: str) -> None:
@@ -102,6 +100,7 @@ def write_bundle(
     image: list[Path] | None = None,
     mirror: Path | None = None,
     lock: Path | None = None,
+    tool: Path | None = None,
     info: dict[str, Any],
 ) -> tuple[Path, str]:
     """Write the bundle to ``out`` atomically; return its path and sha256."""
@@ -126,6 +125,11 @@ def write_bundle(
         if mirror is not None:
             shutil.copytree(mirror, top / "mirror")
             parts.append("mirror")
+        if tool is not None:  # the tool's own wheels (tasks/selfwheels.py)
+            shutil.copytree(tool, top / "tool")
+            parts.append("tool")
+        # The unpacker, so that a host with python3 alone checks and unpacks the bundle (tasks/bundle_unpack.py).
+        shutil.copyfile(Path(bundle_unpack.__file__), top / bundle_unpack.NAME)
         doc = {"format": FORMAT, "parts": parts, **info}
         (top / "BUNDLE.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         sums = sums_text(top)
@@ -140,32 +144,15 @@ def write_bundle(
 
 
 def check_transfer(bundle: Path) -> str | None:
-    """Compare the bundle with the ``.sha256`` file beside it, if there is one; the digest checked, or None.
-
-    SHA256SUMS travels inside the bundle: whoever can alter the bundle can rewrite it to match, so it
-    catches damage, not tampering. Only a digest obtained apart from the bundle (the one `doit bundle`
-    printed, sent over another channel) protects the content. Without a ``.sha256`` the bundle is
-    unpacked on its SHA256SUMS alone, with a warning giving its sha256 to compare by hand.
-    """
-    side = bundle.with_name(bundle.name + ".sha256")
-    if not side.is_file():
-        warn(
-            f"no {side.name} beside {bundle}: its files are checked only against the SHA256SUMS it carries, "
-            f"which whoever altered it could have rewritten. Its sha256 is {file_sha256(bundle)}: compare it "
-            "with the one `doit bundle` printed, obtained apart from the bundle, before trusting what it holds"
-        )
-        return None
-    words = side.read_text().split()
-    expected = words[0] if words else ""
-    actual = file_sha256(bundle)
-    if actual != expected:
-        raise BundleError(f"{bundle}: sha256 {actual} differs from {side.name} ({expected}); refusing it")
-    return expected
+    """Compare the bundle with the ``.sha256`` file beside it, if there is one (tasks/bundle_unpack.py)."""
+    try:
+        return bundle_unpack.check_transfer(str(bundle), warn)
+    except bundle_unpack.Refused as exc:
+        raise BundleError(str(exc)) from None
 
 
 def _problems(listed: dict[str, str], present: set[str]) -> list[str]:
-    problems = [f"missing: {rel}" for rel in sorted(set(listed) - present)]
-    return problems + [f"not listed in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
+    return bundle_unpack.list_problems(listed, present)
 
 
 def _refuse(problems: list[str]) -> BundleError:
@@ -189,104 +176,25 @@ def verify_tree(top: Path) -> int:
     return len(listed)
 
 
-def _checked_members(tar: tarfile.TarFile, bundle: Path) -> list[tuple[tarfile.TarInfo, str]]:
-    """(member, path under TOP) of every regular file, after checking every member; nothing is written."""
-    infos = tar.getmembers()
-    kinds = [
-        members.Member(
-            name=i.name,
-            kind=members.FILE
-            if i.isreg()
-            else members.DIRECTORY
-            if i.isdir()
-            else members.SYMLINK
-            if i.issym()
-            else "hard link or special file",
-            target=i.linkname,
-            mode=i.mode,
-        )
-        for i in infos
-    ]
-    try:
-        checked = members.check(kinds, links=False)
-    except members.UnsafeMember as exc:
-        raise BundleError(f"{bundle}: refused, nothing was unpacked: member {exc}") from None
-    files = []
-    for info, member in zip(infos, checked, strict=True):
-        if member.name != TOP and not member.name.startswith(TOP + "/"):
-            raise BundleError(f"{bundle}: entries outside {TOP}/; refusing it")
-        if member.kind == members.FILE:
-            files.append((info, member.name[len(TOP) + 1 :]))
-    return files
-
-
 def unpack(bundle: Path, dest: Path) -> dict[str, Any]:
     """Verify ``bundle`` and unpack it to ``dest`` (which must not exist); return its BUNDLE.json.
 
-    Every member is checked (only files and directories under the bundle's top directory) and the
-    file list compared with SHA256SUMS before anything is written; each file's bytes are hashed as
-    they stream into a private temporary directory beside ``dest`` and the unpacking stops at the
-    first that differs. Only a complete, verified tree is renamed to ``dest``.
+    The code is the bundle's own unpacker, tasks/bundle_unpack.py (standard library only, so it runs
+    where the tool is not installed): every member is checked (only files and directories under the
+    bundle's top directory) and the file list compared with SHA256SUMS before anything is written;
+    each file's bytes are hashed as they stream into a private temporary directory beside ``dest``
+    and the unpacking stops at the first that differs. Only a complete, verified tree is renamed to
+    ``dest``.
     """
-    if not bundle.is_file():
-        raise BundleError(f"{bundle}: no such bundle file")
-    if dest.exists():
-        raise BundleError(f"{dest} exists; choose a new dest= (unbundling never overwrites)")
-    check_transfer(bundle)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        try:
-            with tarfile.open(bundle, "r:") as tar:
-                files = _checked_members(tar, bundle)
-                sums_member = next((info for info, rel in files if rel == SUMS), None)
-                if sums_member is None:
-                    raise BundleError(f"the bundle has no {TOP}/{SUMS}; refusing it")
-                sums = tar.extractfile(sums_member)
-                assert sums is not None
-                listed = parse_sums(sums.read().decode("utf-8", "replace"))
-                problems = _problems(listed, {rel for _info, rel in files} - {SUMS})
-                if problems:
-                    raise _refuse(problems)
-                for info, rel in files:
-                    target = tmp / TOP / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    source = tar.extractfile(info)
-                    assert source is not None
-                    digest = hashlib.sha256()
-                    with source, target.open("xb") as out:
-                        while chunk := source.read(1 << 20):
-                            digest.update(chunk)
-                            out.write(chunk)
-                    if rel != SUMS and digest.hexdigest() != listed[rel]:
-                        raise _refuse([f"sha256 differs: {rel}"])
-                    os.chmod(target, 0o755 if info.mode & 0o100 else 0o644)
-            top = tmp / TOP
-            doc: dict[str, Any] = json.loads((top / "BUNDLE.json").read_text())
-        except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
-            raise BundleError(f"{bundle}: not a readable bundle ({exc}); nothing was unpacked") from None
-        doc["verified_files"] = len(listed)
-        os.replace(top, dest)
-        return doc
-    finally:
-        rmtree(tmp)
+        return bundle_unpack.unpack(str(bundle), str(dest), warn)
+    except bundle_unpack.Refused as exc:
+        raise BundleError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m tasks.bundle BUNDLE DEST``: verify and unpack without doit (an air-gapped host may lack it)."""
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python3 -m tasks.bundle BUNDLE DEST", file=sys.stderr)
-        return 2
-    try:
-        doc = unpack(Path(args[0]), Path(args[1]))
-    except BundleError as exc:
-        print(f"BundleError: {exc}", file=sys.stderr)
-        return exc.exit_code
-    print(f"verified {doc['verified_files']} files and unpacked them to {args[1]} (parts: {', '.join(doc['parts'])})")
-    return 0
+    """``python3 -m tasks.bundle BUNDLE DEST``: tasks/bundle_unpack.py's command, kept for old instructions."""
+    return bundle_unpack.main(argv)
 
 
 if __name__ == "__main__":

@@ -379,6 +379,10 @@ def _do_mirror() -> None:
         raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
     for line in _write_mirror(ctx, mirror, source=mirror):  # what the mirror already holds is kept
         print(line, flush=True)
+    from tasks.selfwheels import write_tool_wheels
+
+    for line in write_tool_wheels(mirror / "tool"):  # the tool itself, for a build host without network
+        print(f"  {line}", flush=True)
     print(f"mirror written to {mirror}", flush=True)
 
 
@@ -521,14 +525,22 @@ def _do_bundle() -> None:
             print(f"the bundle's mirror/, as `doit mirror` writes it for profile {st.profile}:", flush=True)
             for line in _write_mirror(ctx, mirror_dir, source=st.mirror):
                 print(line, flush=True)
+        from tasks.selfwheels import write_tool_wheels
+
+        tool_dir = Path(tmp) / "tool"  # the tool's own wheels: it installs offline on the other side
+        write_tool_wheels(tool_dir)
         info = {"lock": ctx.lock.path.name, "lock_sha256": ctx.lock.sha256, "profile": st.profile}
         path, digest = write_bundle(
-            out, wheels=st.wheels, image=image, mirror=mirror_dir, lock=ctx.lock.path, info=info
+            out, wheels=st.wheels, image=image, mirror=mirror_dir, lock=ctx.lock.path, tool=tool_dir, info=info
         )
     print(f"bundle {path} ({path.stat().st_size / 1e6:.1f} MB), sha256 {digest}; also {path.name}.sha256", flush=True)
+    from tasks.bundle_unpack import instruction
+
+    print(f"on the other side, with only python3 (3.8 or newer): {instruction(path.name, 'DIR')}", flush=True)
     print(
-        f"on the other side: doit unbundle bundle={path.name} dest=DIR, or without doit: "
-        f"python3 -m tasks.bundle {path.name} DIR (both verify every file first)",
+        f"  (it checks {path.name}.sha256 when it lies beside the bundle, then every file; then install the tool "
+        f"with: python3 -m venv .venv && .venv/bin/pip install --no-index --find-links DIR/tool --require-hashes "
+        f"-r DIR/tool/requirements.txt; where the tool is installed: reprostack unbundle bundle={path.name} dest=DIR)",
         flush=True,
     )
 

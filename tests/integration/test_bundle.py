@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
-from conftest import REPO, Workspace, copy_cache, make_workspace
+from conftest import Workspace, copy_cache, make_workspace
 from fake_wheels import publish_fake_toolchain
 from serve import FixtureServer
 
@@ -50,7 +52,7 @@ def _listing(root: Path) -> dict[str, str]:
 def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_path: Path, server: object) -> None:
     ws = make_workspace(tmp_path / "ws", copy_cache(quick_cache, tmp_path / "cache"), server.url)  # type: ignore[attr-defined]
     ws.doit("wheels", "profile=quick")
-    res = ws.doit("bundle", "profile=quick", "bundle_mirror=on")
+    res_bundle = res = ws.doit("bundle", "profile=quick", "bundle_mirror=on")
     bundle = _bundle(ws.root)
     assert f"sha256 {file_sha256(bundle)}" in res.stdout
     assert (bundle.with_name(bundle.name + ".sha256")).read_text().split()[0] == file_sha256(bundle)
@@ -62,7 +64,7 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
 
     dest = tmp_path / "site" / "stack"
     res = ws.doit("unbundle", f"bundle={bundle}", f"dest={dest}")
-    assert "verified" in res.stdout and "parts: wheels, mirror" in res.stdout
+    assert "verified" in res.stdout and "parts: wheels, mirror, tool" in res.stdout
     manifest = json.loads((dest / "wheels" / "manifest.json").read_text())
     for wheel in manifest["wheels"]:
         assert file_sha256(dest / "wheels" / wheel["filename"]) == wheel["sha256"]
@@ -75,7 +77,12 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
         assert file_sha256(dest / "mirror" / "wheels" / wheel["filename"]) == wheel["sha256"], wheel["filename"]
     mirror = tmp_path / "mirror"
     ws.doit("mirror", "profile=quick", f"mirror={mirror}")
-    assert _listing(dest / "mirror") == _listing(mirror)
+    # The tool's own wheels: in the mirror's tool/ and the bundle's, the same bytes (tasks/selfwheels.py).
+    in_mirror = _listing(mirror)
+    tool = {k.removeprefix("tool/"): v for k, v in in_mirror.items() if k.startswith("tool/")}
+    assert tool == _listing(dest / "tool") and "requirements.txt" in tool
+    assert any(name.startswith("reprostack-") and name.endswith(".whl") for name in tool), tool
+    assert _listing(dest / "mirror") == {k: v for k, v in in_mirror.items() if not k.startswith("tool/")}
     assert (dest / "lock" / "example.lock").read_text() == ws.lock.read_text()
 
     # Refused: a changed wheel, an extra file, a truncated transfer; nothing is left behind.
@@ -99,16 +106,22 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
     res = ws.doit("unbundle", f"bundle={truncated}", f"dest={tmp_path / 'site' / 't'}", check=False)
     assert res.returncode == 20 and "differs from truncated.tar.sha256" in res.stdout + res.stderr
 
-    # Without doit, as on a host that has only Python.
+    # Without doit or the checkout, as on a host that has only python3: the instruction `doit bundle` printed,
+    # run by an interpreter that sees the standard library alone, from the bundle's directory.
+    (printed,) = [line for line in res_bundle.stdout.splitlines() if "with only python3" in line]
+    words = shlex.split(printed.split(": ", 1)[1].replace(" DIR", f" {tmp_path / 'plain'}"))
+    assert words[:2] == ["python3", "-c"], words
     plain = subprocess.run(
-        [sys.executable, "-m", "tasks.bundle", str(bundle), str(tmp_path / "plain")],
-        cwd=REPO,
+        [sys.executable, "-I", "-S", *words[1:]],
+        cwd=bundle.parent,
+        env={"PATH": os.defpath},
         capture_output=True,
         text=True,
         check=False,
     )
-    assert plain.returncode == 0, plain.stderr
+    assert plain.returncode == 0, plain.stdout + plain.stderr
     assert (tmp_path / "plain" / "wheels" / wheel_name).is_file()
+    assert "install the tool: python3 -m venv" in plain.stdout
 
 
 HERMETIC_LOCK = """\
