@@ -135,11 +135,13 @@ def _write_wheel(dest: Path, files: Iterator[tuple[str, Path | bytes]]) -> None:
         normalize_wheel(raw, dest)
 
 
-def write_tool_wheels(dest: Path) -> list[str]:
-    """Write the tool's wheels and ``requirements.txt`` (each pinned by sha256) into ``dest``; lines to print."""
+def write_wheels(dest: Path, roots: tuple[str, ...] = (TOOL,)) -> Path:
+    """Write the wheels of ``roots`` and what they need, as installed here, and ``requirements.txt`` (each
+    pinned by sha256) into ``dest``; the requirements file."""
     dest.mkdir(parents=True, exist_ok=True)
     lines = []
-    for dist in closure():
+    dists = {canonicalize_name(d.metadata["Name"]): d for root in roots for d in closure(root)}
+    for _key, dist in sorted(dists.items()):
         name = dist.metadata["Name"]
         own = canonicalize_name(name) == TOOL
         tag = "py3-none-any" if own else _wheel_tag(dist)
@@ -148,7 +150,13 @@ def write_tool_wheels(dest: Path) -> list[str]:
             _write_wheel(path, _own_files(dist) if own else iter(_dist_files(dist)))
         lines.append(f"{canonicalize_name(name)}=={dist.version} --hash=sha256:{file_sha256(path)}\n")
     write_atomic(dest / "requirements.txt", "".join(lines))
+    return dest / "requirements.txt"
+
+
+def write_tool_wheels(dest: Path) -> list[str]:
+    """The tool's wheels and their ``requirements.txt`` in ``dest`` (:func:`write_wheels`); lines to print."""
+    count = len(write_wheels(dest).read_text().splitlines())
     return [
-        f"the tool: {len(lines)} wheels (reprostack and what it runs on) in {dest}; install it offline with "
+        f"the tool: {count} wheels (reprostack and what it runs on) in {dest}; install it offline with "
         f"pip install --no-index --find-links {dest} --require-hashes -r {dest / 'requirements.txt'}"
     ]
