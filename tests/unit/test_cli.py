@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import os
 import runpy
 import subprocess
 import sys
@@ -55,3 +56,42 @@ def test_the_venvs_doit_is_ours_and_runs_doit() -> None:
     assert "tasks.cli" in script.read_text(), f"{script} is not the project's (pip install -e . writes it)"
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[0] == ".".join(map(str, doit.__version__))
+
+
+def _reprostack(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed command's entry point (pyproject.toml: reprostack = tasks.cli:reprostack), run in ``cwd``."""
+    code = "import sys; from tasks.cli import reprostack; sys.argv[0] = 'reprostack'; reprostack()"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("REPRO_")}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env={**clean, "PYTHONPATH": str(REPO), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_help_lists_the_variables_and_the_values_in_force(tmp_path: Path) -> None:
+    (tmp_path / "reprostack.toml").write_text('lock = "my.lock"\n')
+    res = _reprostack(tmp_path, "help", "jobs=3", env={"REPRO_PROFILE": "quick"})
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "reprostack help" in out and "Variables:" in out
+    assert "in force: jobs=3 (from the command line)" in out
+    assert "in force: profile=quick (from REPRO_PROFILE)" in out
+    assert "in force: lock=my.lock (from reprostack.toml)" in out
+    assert "cache directory (default $XDG_CACHE_HOME/reprostack)" in out
+    assert not (tmp_path / ".doit.db").exists() and not (tmp_path / "build").exists()  # help loads no tasks
+
+
+def test_reprostack_works_in_the_directory_it_runs_in(tmp_path: Path) -> None:
+    """No dodo.py there: the task graph is the package's; the lock is looked up here and named as given."""
+    res = _reprostack(tmp_path, "list")
+    assert res.returncode == 11, res.stdout + res.stderr  # LockError
+    assert "sources.lock: lock file not found" in res.stderr and str(REPO) not in res.stderr
+    (tmp_path / "sources.lock").write_text('format = 1\n[toolchain]\narchs = ["sm_90a"]\n[sources]\n[packages]\n')
+    res = _reprostack(tmp_path, "list")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {"wheels", "verify", "bundle", "lock"} <= {line.split()[0] for line in res.stdout.splitlines() if line}

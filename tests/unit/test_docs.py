@@ -1,11 +1,15 @@
-"""The documented exit statuses are the ones the code uses."""
+"""The docs say what the code does: exit statuses, the lock example, placeholder values, the variables."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 from tasks import errors
+from tasks.cli import variable_docs
+from tasks.lockfile import ENV_PLACEHOLDERS, arch_env
+from tasks.settings import VARIABLES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "tasks.md"
 
@@ -24,3 +28,28 @@ def test_exit_status_table_matches_the_errors() -> None:
     assert documented_statuses() == code
     assert len(set(code.values())) == len(code), "two errors share a status"
     assert min(code.values()) > 3, "statuses 1 to 3 are doit's own"
+
+
+def test_the_annotated_lock_example_is_toml() -> None:
+    """docs/lock.md's annotated example parses once its elisions (``, ...]``) are closed: copied, it loads."""
+    text = (DOCS.parent / "lock.md").read_text()
+    example = text.split("```toml\n", 1)[1].split("```", 1)[0].replace(", ...]", "]")
+    doc = tomllib.loads(example)
+    assert "requirements" in doc["toolchain"]["hermetic"] and "wheels" in doc["toolchain"]["hermetic"]
+
+
+def test_the_placeholder_values_in_the_guide_are_the_codes() -> None:
+    """docs/your-package.md's placeholder table shows what tasks/lockfile.arch_env gives for its archs."""
+    text = (DOCS.parent / "your-package.md").read_text()
+    rows = dict(re.findall(r"^\| `\{(\w+)\}` \| `([^`]+)` \|", text, flags=re.M))
+    values = arch_env(("sm_90a", "sm_100a"))
+    assert rows and rows == {k: v for k, v in values.items() if k in rows}
+    assert set(rows) == set(values), set(values) ^ set(rows)
+    assert set(ENV_PLACEHOLDERS) <= set(re.findall(r"^\| `\{(\w+)\}`", text, flags=re.M))
+
+
+def test_help_lists_every_variable_with_its_meaning() -> None:
+    """`doit help` / `reprostack help` print each variable's meaning from tasks/settings.py's table."""
+    docs = variable_docs()
+    assert set(docs) == set(VARIABLES), set(docs) ^ set(VARIABLES)
+    assert all(docs.values()) and "``" not in "".join(docs.values())
