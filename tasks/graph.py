@@ -46,13 +46,8 @@ from tasks.lockfile import format_problems
 
 TaskDict = dict[str, Any]
 
-#: What the line of a skipped optional package says about building it after all.
-SKIP_HINT = "It builds once the host has that"
-#: ... and where nvcc is what it lacks.
-SKIP_HINT_NVCC = (
-    "; without a CUDA install, a lock's [toolchain.hermetic] brings nvcc from PyPI wheels (docs/lock.md; "
-    "for the example: bash examples/quickstart.sh --hermetic)"
-)
+#: What the line of a skipped optional package adds where nvcc is what it lacks.
+SKIP_HINT_NVCC = " (or nvcc from PyPI wheels: [toolchain.hermetic], docs/lock.md)"
 
 #: Every task prints straight to the console, uncaptured. doit's capture swaps
 #: the process-wide sys.stdout for a per-action writer over a StringIO; with
@@ -413,13 +408,18 @@ def _do_build(name: str) -> None:
     ctx = context()
     pkg = ctx.package(name)
     why = ctx.skipped(pkg)
+    from tasks import notices
+
     if why:
         from tasks.timeline import Outcome
 
         ctx.record(Outcome(package=name, status="skipped"))
-        hint = SKIP_HINT + (SKIP_HINT_NVCC if "nvcc not found" in why else "")
-        print(f"skipped {name} (optional in {ctx.lock.path.name}): {why}. {hint}.", flush=True)
+        hint = SKIP_HINT_NVCC if "nvcc not found" in why else ""
+        # Said once, and again when the reason changes: a no-op run does not repeat it (tasks/notices.py).
+        line = f"skipped {name} (optional in {ctx.lock.path.name}): {why}{hint}"
+        notices.say_once(ctx.settings.builddir, f"skipped:{ctx.lock.path.name}:{name}", line)
         return
+    notices.forget(ctx.settings.builddir, f"skipped:{ctx.lock.path.name}:{name}")
     build_package(ctx, pkg)
 
 

@@ -58,6 +58,10 @@ def test_host_without_nvcc_builds_the_rest(workspace: Workspace) -> None:
     res = workspace.doit("wheels", "profile=quick")
     out = res.stdout + res.stderr
     assert len(re.findall(r"^skipped repro_cuda \(optional in example.lock\): nvcc not found", out, re.M)) == 1, out
+    (line,) = [x for x in out.splitlines() if x.startswith("skipped repro_cuda")]
+    assert len(line) < 200, line  # brief
+    again = workspace.doit("wheels", "profile=quick")
+    assert "skipped repro_cuda" not in again.stdout + again.stderr  # said once per change, not on every no-op run
     expected = {"repro_pure", "repro_pybind"} if HAVE_HEADERS else {"repro_pure"}  # pybind needs Python.h
     assert set(shas(workspace)) == expected
     workspace.doit("verify", "gpu=off", "profile=quick")
