@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Run the README's two commands as a new user would, on stock distributions: fresh Debian bookworm
-# and Ubuntu 24.04 containers holding only the distribution's python3, python3-venv, python3-pip, git
-# and g++ (no nvcc, no GPU, no docker privileges: a plain `docker run`, no socket, not --privileged),
-# each on a clean clone of this repository's HEAD (commit first: this checks what is committed).
+# (Python 3.11), Ubuntu 24.04 (3.12) and Debian trixie (3.13) containers holding only the
+# distribution's python3, python3-venv, python3-pip, python3-dev, git, build-essential, curl and
+# ca-certificates, what a user's build machine has (no nvcc, no GPU, no docker privileges: a plain
+# `docker run`, no socket, not --privileged), each on a clean clone of this repository's HEAD (commit
+# first: this checks what is committed). python3-dev is there so that the tests that compile Python
+# extensions run, as they run on a user's machine, instead of skipping.
 #
-#   bash scripts/stock-check.sh                # both distributions
-#   bash scripts/stock-check.sh bookworm       # one of: bookworm noble
+#   bash scripts/stock-check.sh                          # all three
+#   bash scripts/stock-check.sh bookworm noble trixie    # any of them, in this order
 #
-# Prints, per distribution and command, the exit status and the wall time; full logs in
-# build/stock-check/<distribution>-<command>.log. Exits 1 if any command failed.
+# Prints, per distribution and command, the exit status and the wall time, and for `.ci/run` the
+# reasons of the tests it skipped (only docker privileges, nginx, a GPU or nvcc should be among them);
+# full logs in build/stock-check/<distribution>-<command>.log. Exits 1 if any command failed.
 # Needs docker and mmdebstrap on this host, and the distributions' mirrors and PyPI from the
 # containers (the default bridge network). The root file systems are made by mmdebstrap and
 # imported with `docker import`, tagged by the sha256 of their recipe (a second run reuses them).
@@ -18,8 +22,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "stock-check: $*" >&2; }
-if [ $# -gt 0 ]; then DISTS=("$@"); else DISTS=(bookworm noble); fi
-PACKAGES="python3,python3-venv,python3-pip,git,g++,ca-certificates"
+if [ $# -gt 0 ]; then DISTS=("$@"); else DISTS=(bookworm noble trixie); fi
+for dist in "${DISTS[@]}"; do
+    case "$dist" in bookworm|noble|trixie) ;; *) log "unknown distribution $dist (bookworm, noble or trixie)"; exit 2 ;; esac
+done
+PACKAGES="python3,python3-venv,python3-pip,python3-dev,git,build-essential,curl,ca-certificates"
 # Ubuntu's archive key, for mmdebstrap on a Debian host (Debian does not package it): the
 # ubuntu-keyring .deb of noble, pinned by the sha256 its Packages index lists.
 UBUNTU_KEYRING_DEB=http://archive.ubuntu.com/ubuntu/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb
@@ -38,6 +45,8 @@ image_for() {  # distribution -> image ID (made once per recipe)
     if ! docker image inspect "$tag" >/dev/null 2>&1; then
         case "$dist" in
             bookworm) args=(bookworm - http://deb.debian.org/debian) ;;
+            # trixie's Release is signed with bookworm's archive key too: a bookworm host's keyring checks it.
+            trixie) args=(trixie - http://deb.debian.org/debian) ;;
             noble)
                 curl -fsS -o "$work/keyring.deb" "$UBUNTU_KEYRING_DEB"
                 echo "$UBUNTU_KEYRING_SHA256  $work/keyring.deb" | sha256sum -c --quiet - >&2
@@ -48,7 +57,7 @@ image_for() {  # distribution -> image ID (made once per recipe)
                 chmod -R a+rX "$work/keyring"
                 args=(--keyring="$work/keyring/usr/share/keyrings/ubuntu-archive-keyring.gpg"
                       --components=main,universe noble - http://archive.ubuntu.com/ubuntu) ;;
-            *) log "unknown distribution $dist (bookworm or noble)"; exit 2 ;;
+            *) log "unknown distribution $dist (bookworm, noble or trixie)"; exit 2 ;;
         esac
         log "mmdebstrap $dist ($PACKAGES) -> $tag"
         # into a file first: a failed mmdebstrap must not leave an (empty) image under the tag
@@ -87,6 +96,10 @@ for dist in "${DISTS[@]}"; do
         printf 'stock-check: %-8s %-26s exit %-3s %5ss  (%s; log: %s)\n' "$dist" "$cmd" "$rc" "$(( $(date +%s) - start ))" \
             "$python" "$out/$name.log"
         tail -3 "$out/$name.log" | sed 's/^/    /'
+        if [ "$cmd" = "bash .ci/run" ]; then  # pytest -ra: one SKIPPED line per reason
+            grep -E '^SKIPPED \[[0-9]+\]' "$out/$name.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^:]*:[0-9]+: /\1 /' |
+                awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "    skipped %3d:%s\n", c[r], r}' | sort || true
+        fi
     done
     docker rm -f "$CID" >/dev/null
     CID=""
