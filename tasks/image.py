@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +213,20 @@ def image_spec(ctx: Context) -> ImageSpec:
             '  [image]\n  base = "nvcr.io/nvidia/pytorch:25.09-py3"\n'
             "then run `doit lock` to pin its digest (or give a local image with base=<image ID>)."
         )
+    if spec.docker_dir == ctx.lock.path.parent / "docker" and not (spec.docker_dir / INSTALL_SCRIPT).is_file():
+        own = tool_docker_dir()  # the lock's directory has no docker/: the tool's own (a lock outside the checkout)
+        if own is not None:
+            return replace(spec, docker_dir=own)
     return spec
+
+
+def tool_docker_dir() -> Path | None:
+    """The tool's own docker_dir: this repository's docker/, installed as the package ``tasks.docker``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "docker", here.parent / "docker"):  # installed; this checkout
+        if (candidate / INSTALL_SCRIPT).is_file():
+            return candidate
+    return None
 
 
 def load_wheelhouse(root: Path) -> Wheelhouse:

@@ -109,6 +109,13 @@ def _own_files(dist: importlib.metadata.Distribution) -> Iterator[tuple[str, Pat
         rel = path.relative_to(package)
         if path.is_file() and "__pycache__" not in rel.parts and path.suffix != ".pyc":
             yield f"tasks/{rel.as_posix()}", path
+    if not (package / "docker").is_dir():  # a checkout: tasks.docker is its docker/ (pyproject.toml)
+        from tasks.image import tool_docker_dir
+
+        docker = tool_docker_dir()
+        for path in sorted(docker.iterdir()) if docker is not None else []:
+            if path.is_file():
+                yield f"tasks/docker/{path.name}", path
     info = f"{TOOL}-{dist.version}.dist-info"
     metadata = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
     yield f"{info}/METADATA", metadata.encode()

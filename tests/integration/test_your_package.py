@@ -87,7 +87,8 @@ def installed_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     selfwheels.write_tool_wheels(tool)  # what `doit mirror` and `doit bundle` carry
     # The project's own wheel, built by pip from the checkout (a copy: pip builds in the tree).
     src = root / "src"
-    shutil.copytree(REPO / "tasks", src / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("tasks", "docker"):
+        shutil.copytree(REPO / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     dist = root / "dist"
@@ -97,7 +98,11 @@ def installed_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     _run(pip, env=offline, timeout=600)
     (wheel,) = dist.glob("reprostack-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "tasks/bundle_unpack.py" in names and "tasks/smoke/_harness.py" in names, names
+    # What the tasks read at run time beside their code: the smoke scripts, docker/'s install script (doit image).
+    for needed in ("tasks/bundle_unpack.py", "tasks/smoke/_harness.py", "tasks/docker/install-wheels.sh"):
+        assert needed in names, names
+        (own,) = tool.glob("reprostack-*.whl")
+        assert needed in zipfile.ZipFile(own).namelist()
     env_dir = root / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     vpip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index"]
@@ -111,6 +116,9 @@ def installed_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     build = root / "build-requirements"
     requirements = selfwheels.write_wheels(build, ("setuptools", "pybind11"))
     _run([*vpip, "--find-links", str(build), "--require-hashes", "-r", str(requirements)], env=offline, timeout=600)
+    code = "from tasks.image import tool_docker_dir as d; print(d())"
+    where = _run([str(env_dir / "bin" / "python"), "-c", code], cwd=root)  # not the checkout: it is on sys.path there
+    assert Path(where.stdout.strip()).is_relative_to(env_dir), where.stdout  # the installed copy, not the checkout's
     yield env_dir / "bin"
 
 
