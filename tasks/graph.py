@@ -548,8 +548,9 @@ def _do_bundle() -> None:
 @guarded
 def _do_unbundle() -> None:
     from tasks.bundle import unpack
+    from tasks.settings import load_settings
 
-    st = context().settings
+    st = load_settings()  # no lock: the air-gapped host unbundles before it has one (tasks/dodo.py)
     if st.bundle is None:
         raise BundleError("doit unbundle needs the bundle file: doit unbundle bundle=FILE dest=DIR")
     doc = unpack(st.bundle, st.dest)

@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import tarfile
+import venv
 from pathlib import Path
 
 from conftest import Workspace, copy_cache, make_workspace
@@ -122,6 +123,25 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
     assert plain.returncode == 0, plain.stdout + plain.stderr
     assert (tmp_path / "plain" / "wheels" / wheel_name).is_file()
     assert "install the tool: python3 -m venv" in plain.stdout
+    # ... and the tool installs there from the bundle's own wheels, with no index at all, and runs.
+    site = tmp_path / "plain"
+    venv.EnvBuilder(with_pip=True).create(site / "venv")
+    offline = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "REPRO_"))}
+    offline.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")
+    install = [str(site / "venv" / "bin" / "pip"), "install", "-q", "--find-links", str(site / "tool")]
+    install += ["--require-hashes", "-r", str(site / "tool" / "requirements.txt")]
+    subprocess.run(install, env=offline, cwd=site, capture_output=True, text=True, timeout=600, check=True)
+    again = subprocess.run(  # the installed tool, in a directory of its own: unbundle the bundle once more
+        [str(site / "venv" / "bin" / "reprostack"), "unbundle", f"bundle={bundle}", "dest=again"],
+        env=offline,
+        cwd=site,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert again.returncode == 0 and "verified" in again.stdout, again.stdout + again.stderr
+    assert (site / "again" / "wheels" / wheel_name).is_file()
 
 
 HERMETIC_LOCK = """\
