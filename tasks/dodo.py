@@ -10,7 +10,7 @@ relative to the directory the command runs in: the lock, its patches, ``reprosta
 import sys
 
 from tasks import console
-from tasks.cli import fast_start
+from tasks.cli import LOCK_FREE, fast_start, requested_tasks
 from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
     Reporter,
     claim_workspace,
@@ -29,27 +29,6 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
     task_verify_image,
     task_wheels,
 )
-
-#: Tasks that need no lock: on the air-gapped host, `reprostack unbundle` runs before there is one.
-LOCK_FREE = frozenset({"unbundle"})
-#: doit's options that take a value (the next word is not a task).
-_VALUED = frozenset({"-f", "--file", "-d", "--dir", "-n", "--process", "-P", "--parallel-type", "--db-file",
-                     "--backend", "-r", "--reporter", "-o", "--output-file", "--dep-file", "--check_file_uptodate",
-                     "-k", "--pdb", "-s", "--single", "-v", "--verbosity"})  # fmt: skip
-
-
-def requested_tasks(argv: list[str]) -> set[str]:
-    """The task names a command line asks for (``run`` dropped); variables and options left out."""
-    words, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in _VALUED:
-            skip = True
-        elif not arg.startswith("-") and "=" not in arg:
-            words.append(arg)
-    return set(words[1:] if words[:1] == ["run"] else words)
-
 
 if requested_tasks(sys.argv[1:]) and requested_tasks(sys.argv[1:]) <= LOCK_FREE:
     for _name in [n for n in globals() if n.startswith("task_") and n.removeprefix("task_") not in LOCK_FREE]:

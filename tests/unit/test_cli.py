@@ -95,3 +95,12 @@ def test_reprostack_works_in_the_directory_it_runs_in(tmp_path: Path) -> None:
     res = _reprostack(tmp_path, "list")
     assert res.returncode == 0, res.stdout + res.stderr
     assert {"wheels", "verify", "bundle", "lock"} <= {line.split()[0] for line in res.stdout.splitlines() if line}
+
+
+def test_the_tasks_a_command_line_asks_for() -> None:
+    """Only `unbundle` asked for: no task creator that reads the lock is loaded (tasks/dodo.py)."""
+    assert cli.requested_tasks(["-n", "2", "unbundle", "bundle=x.tar", "dest=y"]) == {"unbundle"}
+    assert cli.requested_tasks(["run", "-f", "dodo.py", "-d", "ws", "unbundle"]) == {"unbundle"}
+    assert cli.requested_tasks(["wheels", "profile=quick"]) == {"wheels"}
+    assert cli.requested_tasks(["profile=quick"]) == set()  # the default task, which reads the lock
+    assert cli.LOCK_FREE == {"unbundle"}
