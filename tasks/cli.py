@@ -136,6 +136,11 @@ def _with_variables_help(main: Any) -> Any:
     from doit.cmd_help import Help
 
     class HelpWithVariables(Help):  # type: ignore[misc]
+        def print_usage(self, cmds: Any) -> None:
+            if self.bin_name == "reprostack":  # the installed command: say what it is before doit's own lines
+                print("reprostack -- doit with the reprostack task graph, in the current directory (README.md)")
+            super().print_usage(cmds)
+
         def execute(self, params: Any, args: list[str]) -> int:
             result: int = super().execute(params, args)
             if len(args) != 1:
