@@ -80,19 +80,17 @@ def variable_docs() -> dict[str, str]:
 
 #: Tasks that need no lock: on the air-gapped host, `reprostack unbundle` runs before there is one.
 LOCK_FREE = frozenset({"unbundle"})
-#: doit's options that take a value (the next word is not a task).
-_VALUED = frozenset({"-f", "--file", "-d", "--dir", "-n", "--process", "-P", "--parallel-type", "--db-file",
-                     "--backend", "-r", "--reporter", "-o", "--output-file", "--dep-file", "--check_file_uptodate",
-                     "-k", "--pdb", "-s", "--single", "-v", "--verbosity"})  # fmt: skip
 
 
 def requested_tasks(argv: list[str]) -> set[str]:
     """The task names a command line asks for (``run`` dropped); variables and options left out."""
+    from tasks.workspace import VALUE_OPTIONS  # doit's options that take a value: the next word is not a task
+
     words, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in _VALUED:
+        elif arg in VALUE_OPTIONS:
             skip = True
         elif not arg.startswith("-") and "=" not in arg:
             words.append(arg)
