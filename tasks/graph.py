@@ -2,7 +2,7 @@
 
     lock            resolve refs and fill in hashes (the only task that writes the lock)
     fetch:<source>  source into the verified source cache
-    mirror          export the cached sources (and hermetic toolchain wheels) to mirror=DIR for air-gapped hosts
+    mirror          export the cached sources (hermetic toolchain wheels, the tool's own) to mirror=DIR, offline use
     stage:<pkg>     a patched tree under build/stage/ for inspection
     build:<pkg>     the package's wheel into the wheel cache, under its action key
     wheels          wheels/ from the cache: wheels, manifest, simple/ index, requirements, SBOM, provenance
@@ -589,7 +589,7 @@ def task_fetch() -> Iterator[TaskDict]:
 
 
 def task_mirror() -> TaskDict:
-    """Export the profile's sources, hermetic toolchain and runtime closure to mirror=DIR (for offline hosts)."""
+    """Export the profile's sources, hermetic toolchain, runtime closure and the tool's wheels to mirror=DIR."""
     ctx = context()
     return {
         "actions": [_do_mirror],
