@@ -142,6 +142,8 @@ def workspace_defaults(directory: Path | None = None) -> dict[str, str]:
         return {}
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ReproError(f"{path}: cannot read the workspace settings ({exc}); fix or delete it") from None
+    except RecursionError:  # tomllib recurses per nesting level: a hostile file is one error, not a traceback
+        raise ReproError(f"{path}: cannot read the workspace settings (a value is nested too deeply)") from None
     problems = [f"unknown variable {k!r}" for k in doc if k not in VARIABLES]
     problems += [
         f'{k} must be a string (write {k} = "...")' for k, v in doc.items() if k in VARIABLES and not isinstance(v, str)

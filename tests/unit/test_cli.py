@@ -104,3 +104,13 @@ def test_the_tasks_a_command_line_asks_for() -> None:
     assert cli.requested_tasks(["wheels", "profile=quick"]) == {"wheels"}
     assert cli.requested_tasks(["profile=quick"]) == set()  # the default task, which reads the lock
     assert cli.LOCK_FREE == {"unbundle"}
+
+
+def test_workspace_settings_nested_too_deeply_are_one_error(tmp_path: Path) -> None:
+    """A reprostack.toml nested 50 000 deep is one ReproError naming the file (tomllib raised RecursionError)."""
+    from tasks.errors import ReproError
+    from tasks.settings import workspace_defaults
+
+    (tmp_path / "reprostack.toml").write_text("lock = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(ReproError, match="nested too deeply"):
+        workspace_defaults(tmp_path)
