@@ -279,12 +279,22 @@ def unmet(requires: Iterable[str], available: Mapping[str, str], target: Target)
         if not version:
             continue  # provided by the target, whatever its version
         try:
-            ok = req.specifier.contains(Version(version), prereleases=True)
+            ok = req.specifier.contains(Version(version), prereleases=True) or _same_unlabelled(req, version)
         except InvalidVersion:
             ok = False
         if not ok:
             missing.append(f"{line} (the closure has {version})")
     return missing
+
+
+def _same_unlabelled(req: Requirement, version: str) -> bool:
+    """Whether ``version``, written without a local label (a hand-written ``provided = ["torch==2.11.0"]``), is
+    the public version every ``==`` of ``req`` names with one (``torch==2.11.0+cu130``, our wheels' pin): the
+    label is then unknown here, and `doit preflight` checks it on the node."""
+    specs = list(req.specifier)
+    if "+" in version or not specs:
+        return False
+    return all(s.operator == "==" and "+" in s.version and Version(s.version).public == version for s in specs)
 
 
 def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | None, target: Target) -> Path:

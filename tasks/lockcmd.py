@@ -302,7 +302,10 @@ def _ours(
         if wheel is not None:
             fixed[pkg.distribution_name] = str(parse_wheel_filename(wheel.name)[1])
             if pkg.deps and pkg.distribution_name not in provided:  # a patched base package needs what the base has
-                requires += [r for r in closure.requires_dist(wheel) if not _names_ours(r, lock)]
+                # What the target provides is not resolved: our wheels' pins of it (the torch they were
+                # compiled against) are checked against the provided set by `doit wheels` instead.
+                requires += [r for r in closure.requires_dist(wheel)
+                             if not _names_ours(r, lock) and _name(r) not in provided]  # fmt: skip
             continue
         if pkg.prebuilt:
             fixed[pkg.distribution_name] = str(parse_wheel_filename(src.filename)[1])
@@ -315,6 +318,10 @@ def _ours(
             "against the closure, and `doit lock update=runtime` after a build takes them into the resolution"
         ]
     return fixed, requires, notes
+
+
+def _name(requirement: str) -> str:
+    return str(canonicalize_name(Requirement(requirement).name))
 
 
 def _names_ours(requirement: str, lock: Lock) -> bool:

@@ -213,6 +213,9 @@ class Package:
     #: instead of failing the run (the example lock's CUDA and torch fixtures); never for the real stack.
     optional: bool = False
     verify: Verify = field(default_factory=Verify)
+    #: Why this package's wheel does not pin the torch it was built against ('' = it does: a package
+    #: that builds against torch gets ``Requires-Dist: torch==<that torch's version>``, see tasks/build.py).
+    torch_unpinned: str = ""
 
     def source_names(self) -> tuple[str, ...]:
         return (self.source, *(name for _, name in self.overlays))
@@ -242,6 +245,11 @@ class Package:
     def needs_torch(self) -> bool:
         """Whether the build imports torch (its build requirements name it)."""
         return any(canonicalize_name(Requirement(r).name) == "torch" for r in self.build_requires)
+
+    @property
+    def pins_torch(self) -> bool:
+        """Whether its wheel records the exact torch it was compiled against (``Requires-Dist: torch==...``)."""
+        return self.needs_torch and not self.prebuilt and not self.torch_unpinned
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -613,6 +621,7 @@ PACKAGE_FIELDS = {
     "distribution": _Field(_is_str),
     "deps": _Field(_is_bool),
     "verify": _Field(_is_table),
+    "torch_unpinned": _Field(_is_str),
 }
 VERIFY_FIELDS = {"imports": _Field(_is_str_list), "smoke": _Field(_is_str)}
 PROFILE_FIELDS = {"description": _Field(_is_str), "packages": _Field(_is_table), "runtime": _Field(_is_table)}
@@ -1156,6 +1165,13 @@ def _check_package_values(
     verify = entry.get("verify")
     if isinstance(verify, dict):
         p.check_table(f"{where}.verify", verify, VERIFY_FIELDS)
+    reason = entry.get("torch_unpinned")
+    if isinstance(reason, str) and len(reason.strip()) < 10:
+        p.add(
+            where,
+            "torch_unpinned must say why the wheel may go beside another torch than the one it was built against "
+            f"(a sentence, such as 'loads libtorch through its own stable C ABI'), got {reason!r}",
+        )
     subdir = entry.get("subdir", "")
     if subdir.startswith("/") or ".." in Path(subdir).parts:
         p.add(where, f"subdir {subdir!r} must be relative and inside the tree")
@@ -1186,6 +1202,7 @@ def _package_from(name: str, entry: Mapping[str, Any], prebuilt: bool = False) -
         prebuilt=prebuilt,
         deps=bool(entry.get("deps", True)),
         verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
+        torch_unpinned=entry.get("torch_unpinned", "").strip(),
     )
 
 
@@ -1211,6 +1228,9 @@ def _parse_packages(p: _Problems, raw: Any, sources: Mapping[str, Any], patches_
                 p.add(where, f"source {entry['source']!r} is a wheel, placed as is: {', '.join(extra)} "
                       f"do(es) not apply (a prebuilt package takes {', '.join(PREBUILT_FIELDS)})")  # fmt: skip
         out[name] = _package_from(name, entry, prebuilt)
+        if out[name].torch_unpinned and not out[name].needs_torch:
+            p.add(where, "torch_unpinned applies only to a package whose build_requires name torch (its wheel "
+                  "is compiled against one); remove it")  # fmt: skip
     builds: dict[str, str] = {}
     for name, pkg in out.items():
         first = builds.setdefault(pkg.distribution_name, name)

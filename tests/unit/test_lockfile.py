@@ -325,3 +325,24 @@ def test_deps_false_on_a_built_package() -> None:
     doc["packages"]["fa2"]["deps"] = False
     lock = parse(doc)
     assert lock.packages["fa2"].deps is False and lock.packages["fa3"].deps is True
+
+
+def test_a_package_building_against_torch_pins_it_unless_the_lock_says_why_not() -> None:
+    doc = good_doc()
+    doc["packages"]["fa3"]["build_requires"] = ["setuptools>=61", "torch"]
+    lock = parse(doc)
+    assert lock.packages["fa3"].pins_torch and not lock.packages["fa2"].pins_torch  # fa2 does not build against torch
+    doc["packages"]["fa3"]["torch_unpinned"] = "loads libtorch through its own stable C ABI"
+    assert not parse(doc).packages["fa3"].pins_torch
+    doc["packages"]["fa3"]["torch_unpinned"] = "ok"
+    doc["packages"]["fa2"]["torch_unpinned"] = "no torch here, but say it anyway"
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    text = str(err.value)
+    doc["packages"]["fa2"]["torch_unpined"] = "x"
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    text += str(err.value)
+    assert "[packages.fa3] torch_unpinned must say why the wheel may go beside another torch" in text
+    assert "[packages.fa2] torch_unpinned applies only to a package whose build_requires name torch" in text
+    assert "unknown key 'torch_unpined' (perhaps you meant 'torch_unpinned'?)" in text
