@@ -53,7 +53,8 @@ import json, sys, sysconfig, importlib.metadata as md, importlib.util
 import os
 out = {"python": sys.version.split()[0], "implementation": sys.implementation.cache_tag,
        "soabi": sysconfig.get_config_var("SOABI"), "platform": sysconfig.get_platform(),
-       "headers": os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))}
+       "headers": os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")),
+       "glibc": os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""}
 if importlib.util.find_spec("torch") is not None:
     import torch
     out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,

@@ -786,7 +786,10 @@ def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
 
 
 #: What `doit wheels` writes into wheels/ besides the wheels manifest.json lists.
-WHEELHOUSE_FILES = frozenset({"manifest.json", "requirements.txt", "simple", "sbom.cdx.json", provenance.DIRECTORY})
+WHEELHOUSE_FILES = frozenset(
+    {"manifest.json", "requirements.txt", "simple", "sbom.cdx.json", provenance.DIRECTORY,
+     "preflight.py", "preflight.json"}
+)  # fmt: skip
 
 
 def _check_contents(wheel_dir: Path, manifest: Manifest) -> Row:

@@ -3,7 +3,10 @@ its metadata, and plain pip, offline, refuses to install it beside another torch
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -70,3 +73,44 @@ def test_the_torch_extension_pins_its_torch_and_pip_refuses_another(workspace: W
     assert _pip(python, "install", "--no-index", str(same)).returncode == 0
     done = _pip(python, "install", "--no-index", "--find-links", str(links), "repro_torchext")
     assert done.returncode == 0, done.stderr
+
+
+def _profile_without(ws: Workspace, name: str, *left_out: str) -> None:
+    ws.lock.write_text(ws.lock.read_text() + f"\n[profiles.{name}]\n" + "".join(
+        f"[profiles.{name}.packages.{p}]\nenabled = false\n" for p in left_out))  # fmt: skip
+
+
+@pytest.mark.needs_torch
+def test_preflight_checks_the_node_against_the_wheelhouse_it_ships_in(workspace: Workspace, tmp_path: Path) -> None:
+    """`doit wheels` ships the checker; `doit preflight` and the shipped copy (no checkout, plain Python) agree."""
+    ws = workspace
+    _profile_without(ws, "guard", "repro_pybind", "repro_cuda")
+    ws.doit("wheels", "profile=guard")
+    spec = json.loads((ws.wheels / "preflight.json").read_text())
+    assert spec["archs"] == ["sm_90a"] and spec["build"]["torch"] == _torch_version()
+    assert (ws.wheels / "preflight.py").read_bytes() == (REPO / "tasks" / "preflight.py").read_bytes()
+    ws.doit("verify", "profile=guard")  # what doit wheels writes is the wheelhouse's own (the contents row)
+
+    ws.env_extra["REPRO_LIBCUDA"] = str(tmp_path / "no-driver" / "libcuda.so.1")  # no driver, whatever the host
+    res = ws.doit("preflight", "profile=guard", check=False)
+    assert res.returncode == 21, res.stdout + res.stderr
+    said = [ln for ln in res.stdout.splitlines() if "no NVIDIA driver" in ln]
+    assert len(said) == 1 and said[0].startswith("FAIL  driver"), res.stdout
+    for name in ("python", "glibc", "torch", "provided"):
+        assert re.search(rf"^PASS  {name} ", res.stdout, flags=re.M), res.stdout
+    report = json.loads((ws.root / "build" / "preflight" / "report.json").read_text())
+    assert report["ok"] is False and [c["check"] for c in report["checks"] if c["status"] == "FAIL"] == ["driver"]
+    assert "PreflightFailed: this node cannot take the wheels" in res.stderr
+    assert ws.doit("preflight", "profile=guard", "gpu=off").returncode == 0
+
+    # On a node: the shipped copy alone, outside any checkout, under an isolated interpreter.
+    node = tmp_path / "node"
+    shutil.copytree(ws.wheels, node / "wheels")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRO_", "PYTHON"))}
+    env["REPRO_LIBCUDA"] = ws.env_extra["REPRO_LIBCUDA"]
+    shipped = [sys.executable, "-I", "wheels/preflight.py", "--json", "report.json"]
+    res2 = subprocess.run(shipped, cwd=node, env=env, capture_output=True, text=True, check=False)
+    assert res2.returncode == 21 and "no NVIDIA driver found" in res2.stdout, res2.stdout + res2.stderr
+    res3 = subprocess.run([*shipped, "--gpu", "off"], cwd=node, env=env, capture_output=True, text=True, check=False)
+    assert res3.returncode == 0, res3.stdout + res3.stderr
+    assert json.loads((node / "report.json").read_text())["ok"] is True
