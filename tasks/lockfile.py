@@ -97,6 +97,9 @@ class Runtime:
     requirements: tuple[str, ...] = ()
     provided: tuple[tuple[str, str], ...] = ()  # (canonical name, exact version, or "" for whatever the target has)
     python: str = ""  # the target's CPython, "3.12"
+    #: The base's interpreter (``[runtime] base_python``): `doit lock` captures ``provided`` from what it has
+    #: installed, and the resolution keeps every requirement of those distributions ('' = provided by hand).
+    base_python: str = ""
     platforms: tuple[str, ...] = ()  # pip --platform tags; empty: tasks/closure.py's default
     resolved: tuple[WheelPin, ...] = ()
     resolved_from: str = ""
@@ -838,6 +841,7 @@ RUNTIME_FIELDS = {
     "resolved": _Field(_is_str_list),
     "resolved_from": _Field(_is_sha256),
     "verify": _Field(_is_table),
+    "base_python": _Field(_is_str),
 }
 PYTHON_TARGET_RE = re.compile(r"^3\.\d+$")
 
@@ -872,7 +876,10 @@ def _parse_runtime(p: _Problems, raw: Any, where: str = "runtime") -> Runtime | 
             continue
         provided[str(canonicalize_name(req.name))] = specs[0].version if specs else ""
     python = raw.get("python", "")
-    if not PYTHON_TARGET_RE.match(python):
+    if "python" not in raw:
+        p.unpinned(where, "python (the target's CPython) is not set yet (run `doit lock`: it writes base_python's "
+                   "version, else this interpreter's)")  # fmt: skip
+    elif not PYTHON_TARGET_RE.match(python):
         p.add(where, f"python must be the target's CPython as '3.Y' (such as '3.12'), got {python!r}")
     runtime = Runtime(
         requirements=tuple(requirements),
@@ -882,8 +889,10 @@ def _parse_runtime(p: _Problems, raw: Any, where: str = "runtime") -> Runtime | 
         resolved=_parse_pins(p, f"{where}.resolved", raw.get("resolved", []), hashed=True),
         resolved_from=raw.get("resolved_from", ""),
         verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
+        base_python=raw.get("base_python", ""),
     )
-    if requirements and (not runtime.resolved or runtime.resolved_from != runtime.digest()):
+    # Resolved even without requirements of its own: the wheels' Requires-Dist enter the resolution.
+    if "python" in raw and runtime.resolved_from != runtime.digest():
         p.unpinned(where, "the closure is not resolved for these requirements, provided set and target yet "
                    "(run `doit lock` to resolve and pin it)")  # fmt: skip
     return runtime

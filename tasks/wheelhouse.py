@@ -280,8 +280,8 @@ def fetch_closure(ctx: Context, entries: Mapping[str, WheelEntry]) -> dict[str, 
         raise LockError(
             f"the runtime closure of {ctx.lock.path} does not cover the wheels it builds:\n  - "
             + "\n  - ".join(problems)
-            + "\nAdd what is missing to [runtime] requirements (or provided) and run `doit lock`; nothing was "
-            "written to wheels/."
+            + "\nRun `doit lock` (it takes the built wheels' requirements into the resolution), or add what is "
+            "missing to [runtime] requirements (or provided) first; nothing was written to wheels/."
         )
     found: dict[str, tuple[Path, str]] = {}
     store = ctx.cache.fetched

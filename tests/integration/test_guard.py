@@ -14,11 +14,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Workspace
-
-sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-
+from conftest import REPO, Workspace, make_workspace
 from fake_wheels import make_wheel
+from make_fixtures import RUNTIME_WHEELS, simple_index, write_wheel
+from serve import FixtureServer
+
+from tasks.lockfile import load_lock
+from tasks.treehash import file_sha256
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +116,139 @@ def test_preflight_checks_the_node_against_the_wheelhouse_it_ships_in(workspace:
     res3 = subprocess.run([*shipped, "--gpu", "off"], cwd=node, env=env, capture_output=True, text=True, check=False)
     assert res3.returncode == 0, res3.stdout + res3.stderr
     assert json.loads((node / "report.json").read_text())["ok"] is True
+
+
+# The huggingface-hub case of issue 31, in small: the base holds repro-sentence 6.0.1, which requires
+# repro-hub<2.0.0,>=1.3.0; a closure resolved without regard for it brings repro-hub 2.4.0.
+HUB_WHEELS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
+    "repro-hub": {"1.5.0": ((), "V = 1\n"), "2.4.0": ((), "V = 2\n")},
+    "repro-sentence": {"6.0.1": (("repro-hub<2.0.0,>=1.3.0",), "S = 1\n")},
+    "repro-hubuser": {"1.0.0": (("repro-hub",), "U = 1\n")},  # takes the newest hub it finds
+    "repro-newthing": {"1.0.0": (("repro-hub>=2",), "N = 1\n")},  # needs the new hub
+}
+
+
+def _hub_index(published: Path, dest: Path) -> Path:
+    """The published fixtures plus the hub projects, on one index."""
+    shutil.copytree(published, dest)
+    projects: dict[str, dict[str, str]] = {}
+    for project, versions in {**RUNTIME_WHEELS, **HUB_WHEELS}.items():
+        for version, (requires, code) in versions.items():
+            name, digest = write_wheel(dest / "packages", project, version, requires, code)
+            projects.setdefault(project, {})[name] = digest
+    projects["repro-cuda"] = {"repro_cuda-0.1.0.tar": file_sha256(dest / "packages" / "repro_cuda-0.1.0.tar")}
+    simple_index(dest, projects)
+    return dest
+
+
+def _base(root: Path, index: Path, *dists: str) -> Path:
+    """A base interpreter (a venv with pip) holding ``dists`` (name==version), installed offline from ``index``."""
+    venv.EnvBuilder(with_pip=True).create(root)
+    python = root / "bin" / "python"
+    if dists:
+        res = _pip(python, "install", "--no-index", "--no-deps", "--find-links", str(index / "packages"), *dists)
+        assert res.returncode == 0, res.stderr
+    return python
+
+
+def _runtime(ws: Workspace, body: str) -> None:
+    """The example lock's [runtime] replaced by ``body``, with a profile of its pure-Python package only."""
+    text = re.sub(r"\n\[runtime\]\n.*?\n(?=\n\[profiles\.quick\])", "\n[runtime]\n" + body, ws.lock.read_text(),
+                  flags=re.S)  # fmt: skip
+    ws.lock.write_text(text)
+    _profile_without(ws, "pure", "repro_pybind", "repro_cuda", "repro_torchext")
+
+
+def test_the_closure_keeps_the_base_whole(tmp_path: Path, published: Path) -> None:
+    """`doit lock` captures the provided set from the base's interpreter and resolves around every requirement
+    of what the base holds: it keeps the base's hub, and refuses a closure that needs a hub the base cannot
+    take, naming both distributions and versions."""
+    index = _hub_index(published, tmp_path / "served")
+    with FixtureServer(index) as srv:
+        ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+        base = _base(tmp_path / "base", index, "repro-sentence==6.0.1", "repro-hub==1.5.0")
+        _runtime(ws, f'requirements = ["repro-hubuser", "repro-greeting>=0.3"]\nbase_python = "{base}"\n')
+        res = ws.doit("lock")
+        runtime = load_lock(ws.lock, require_pins=False).runtime
+        assert runtime is not None
+        provided = dict(runtime.provided)
+        assert provided["repro-sentence"] == "6.0.1" and provided["repro-hub"] == "1.5.0", res.stdout
+        assert runtime.python == f"{sys.version_info[0]}.{sys.version_info[1]}"  # written: the base's
+        assert "repro-hub" not in {p.name for p in runtime.resolved}  # the base's 1.5.0 stays, untouched
+        assert "repro-hubuser" in {p.name for p in runtime.resolved}
+
+        # A requirement that needs the new hub: refused, naming both distributions and versions.
+        ws.edit_lock('requirements = ["repro-hubuser",', 'requirements = ["repro-newthing",')
+        before = ws.lock.read_text()
+        res = ws.doit("lock", check=False)
+        assert res.returncode == 11, res.stdout + res.stderr
+        said = res.stderr
+        assert "repro-newthing 1.0.0 depends on repro-hub>=2" in said, said
+        assert "repro-sentence 6.0.1 (installed in the base) requires repro-hub<2.0.0,>=1.3.0" in said
+        assert "the base holds repro-hub 1.5.0, which the closure may not replace" in said
+        assert ws.lock.read_text() == before  # nothing pinned
+
+
+def test_verify_runs_pip_check_over_base_and_wheelhouse(tmp_path: Path, published: Path) -> None:
+    """The old way (a hand-written provided set) brings repro-hub 2.4.0 beside a base holding repro-sentence:
+    verify's pip check over base plus wheelhouse fails, naming both."""
+    from tasks.verify import verify_wheelhouse
+
+    index = _hub_index(published, tmp_path / "served")
+    with FixtureServer(index) as srv:
+        ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+        _runtime(ws, 'requirements = ["repro-hubuser", "repro-greeting>=0.3"]\nprovided = []\npython = "3.11"\n')
+        ws.doit("lock")
+        ws.doit("wheels", "profile=pure")
+    base = _base(tmp_path / "base", index, "repro-sentence==6.0.1", "repro-hub==1.5.0")
+    report = verify_wheelhouse(ws.wheels, tmp_path / "verify", python=str(base), gpu="off")
+    row = next(r for r in report.rows if r.check == "pip-check")
+    assert row.status == "FAIL", report.render()
+    assert "repro-sentence 6.0.1 has requirement repro-hub<2.0.0,>=1.3.0, but you have repro-hub 2.4.0" in row.detail
+
+
+def test_plain_verify_does_not_count_the_tools_own_venv(tmp_path: Path, published: Path) -> None:
+    """Without [runtime], a wheel needing what only doit's own venv has (packaging) is not passed: the
+    wheelhouse's own install command would not find it offline."""
+    index = _hub_index(published, tmp_path / "served")
+    with FixtureServer(index) as srv:
+        ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+        text = re.sub(r"\n\[runtime\]\n.*?\n(?=\n\[profiles\.quick\])", "\n", ws.lock.read_text(), flags=re.S)
+        patches = 'patches = ["0001-patched-message.patch", "0002-needs-tomlkit.patch"]'
+        ws.lock.write_text(text.replace('patches = ["0001-patched-message.patch"]', patches))
+        # repro_pure then needs tomlkit, which only this tool's own venv holds here (not the base interpreter).
+        (ws.root / "patches" / "repro_pure" / "0002-needs-tomlkit.patch").write_text(
+            '--- a/pyproject.toml\n+++ b/pyproject.toml\n@@ -9,5 +9,5 @@\n requires-python = ">=3.8"\n'
+            " # What it needs at run time comes from the example lock's runtime closure "
+            "(tests/fixtures/make_fixtures.py).\n"
+            '-dependencies = ["repro-colors>=1.0"]\n+dependencies = ["tomlkit"]\n \n [tool.setuptools]\n'
+        )
+        _profile_without(ws, "pure", "repro_pybind", "repro_cuda", "repro_torchext")
+        ws.doit("wheels", "profile=pure")
+    res = ws.doit("verify", "profile=pure", "gpu=off", check=False)
+    assert res.returncode == 17, res.stdout + res.stderr
+    assert re.search(r"repro_pure\s+deps\s+FAIL\s+unmet: tomlkit \(only in \S+, the verifying tool", res.stdout), (
+        res.stdout
+    )
+    assert "The lock's [runtime]: add what is missing" in res.stderr
+    assert "recipe or patches" not in res.stderr
+
+
+def test_a_runtime_without_requirements_or_python_takes_the_wheels_requirements(workspace: Workspace) -> None:
+    """[runtime] python defaults to this interpreter's (written by `doit lock`); with requirements = [] the
+    built wheels' Requires-Dist are the closure's requirements."""
+    ws = workspace
+    _runtime(ws, 'requirements = []\nprovided = ["torch"]\n')
+    res = ws.doit("lock")
+    runtime = load_lock(ws.lock, require_pins=False).runtime
+    assert runtime is not None and runtime.python == f"{sys.version_info[0]}.{sys.version_info[1]}", res.stdout
+    assert "this interpreter's" in res.stdout and runtime.resolved == ()
+    res = ws.doit("wheels", "profile=pure", check=False)  # repro_pure needs repro-colors: not pinned yet
+    assert res.returncode == 11 and "repro_pure requires repro-colors>=1.0 (not in the closure)" in res.stderr
+    assert "Run `doit lock` (it takes the built wheels' requirements into the resolution)" in res.stderr
+    res = ws.doit("lock")  # its wheel is in the cache now: its requirements enter the resolution
+    assert "resolved again: the built wheels need repro-colors>=1.0" in res.stdout, res.stdout
+    runtime = load_lock(ws.lock, require_pins=False).runtime
+    assert runtime is not None and [p.name for p in runtime.resolved] == ["repro-colors"]
+    ws.doit("wheels", "profile=pure")
+    assert "pinned (1 distributions)" in ws.doit("lock").stdout

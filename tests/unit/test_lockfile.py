@@ -346,3 +346,19 @@ def test_a_package_building_against_torch_pins_it_unless_the_lock_says_why_not()
     assert "[packages.fa3] torch_unpinned must say why the wheel may go beside another torch" in text
     assert "[packages.fa2] torch_unpinned applies only to a package whose build_requires name torch" in text
     assert "unknown key 'torch_unpined' (perhaps you meant 'torch_unpinned'?)" in text
+
+
+def test_a_runtime_without_python_or_requirements_is_left_for_doit_lock() -> None:
+    """[runtime] python is written by `doit lock` where missing; a section without requirements is resolved too
+    (the wheels' requirements), and base_python names the base's interpreter."""
+    doc = good_doc()
+    doc["runtime"] = {"requirements": [], "base_python": "python3"}
+    with pytest.raises(LockError):
+        parse(doc)
+    lock = parse(doc, require_pins=False)
+    assert lock.runtime is not None and lock.runtime.base_python == "python3"
+    assert any("python (the target's CPython) is not set yet" in u for u in lock.unpinned)
+    doc["runtime"]["python"] = "3.12"
+    assert any("the closure is not resolved" in u for u in parse(doc, require_pins=False).unpinned)
+    doc["runtime"]["resolved_from"] = parse(doc, require_pins=False).runtime.digest()
+    assert parse(doc).runtime.resolved == ()
