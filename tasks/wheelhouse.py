@@ -106,7 +106,7 @@ def preflight_spec(ctx: Context, records: list[index.WheelRecord]) -> dict[str, 
         cuda = toolchain.nvcc_release(info)
     elif any(pkg.needs_torch for pkg in built):
         cuda = torch.get("cuda") or ""
-    against_torch = any(pkg.needs_torch for pkg in built)
+    against_torch = any(pkg.pins_torch for pkg in built)  # torch_unpinned: the lock says any torch will do
     try:
         glibc = info["python"].get("glibc") or os.confstr("CS_GNU_LIBC_VERSION") or ""
     except (ValueError, OSError):
