@@ -13,7 +13,13 @@ hash-pinned, torch from the base environment) and checks, per wheel:
 - ``arch``: every object with device code carries SASS for each target arch
   of the manifest (checked with ``cuobjdump``), none left to PTX JIT;
 - ``smoke:*``: the package's smoke script from ``tasks/smoke/``, GPU parts
-  skipped (never passed) where no GPU is present or ``gpu="off"``.
+  skipped (never passed) where no GPU is present or ``gpu="off"``;
+
+and, for the environment as a whole, ``pip-check``: ``pip check`` over the
+base and the wheelhouse, failing on a broken requirement that involves a
+wheel of the wheelhouse. A requirement met only from this tool's own venv
+(which the scratch venv sees for the base's torch) and not provided is unmet:
+the wheelhouse's install command would not find it.
 
 Before installing, ``sha256`` checks each wheel against ``manifest.json`` and
 ``provenance`` against the subject digest of its in-toto statement
