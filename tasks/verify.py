@@ -843,10 +843,10 @@ def _pip_check_row(session: _Session, manifest: Manifest) -> Row:
             elsewhere += 1
     aside = f" ({_n(elsewhere, 'broken requirement')} of the base itself left aside)" if elsewhere else ""
     if broken:
-        return Row(package="environment", check="pip-check", status="FAIL",
+        return Row(package="wheelhouse", check="pip-check", status="FAIL",
                    detail="; ".join(broken) + f"{aside}: the wheelhouse breaks what the base holds (keep the base "
                    "whole: [runtime] base_python, then `doit lock`)")  # fmt: skip
-    return Row(package="environment", check="pip-check", status="PASS",
+    return Row(package="wheelhouse", check="pip-check", status="PASS",
                detail=f"pip check: no requirement of base or wheelhouse broken by the wheelhouse{aside}")  # fmt: skip
 
 

@@ -576,7 +576,7 @@ def test_the_closing_advice_names_the_real_cause() -> None:
     runtime = advice([fail("ext", "deps", "unmet: packaging (only in /x/.venv/lib/python3.12/site-packages, ...)"),
                       fail("ext", "import", "ModuleNotFoundError: No module named 'packaging'")])  # fmt: skip
     assert runtime.startswith("The lock's [runtime]:") and "recipe" not in runtime
-    assert advice([fail("environment", "pip-check", "a 1 has requirement b<2, but you have b 2")]).startswith(
+    assert advice([fail("wheelhouse", "pip-check", "a 1 has requirement b<2, but you have b 2")]).startswith(
         "The lock's [runtime]:"
     )
     assert "recipe or patches" in advice([fail("ext", "symbols", "undefined: _ZN3c104impl")])
