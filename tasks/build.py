@@ -128,7 +128,9 @@ def compile_wheel(
             ctx.builder, wheel_command(pkg, str(raw), str(build_dir)), mounts=mounts, workdir=build_dir, env=env
         )
         usage = run_build(cmd, env=docker.client_env(), cwd=stage_dir, log=log, pkg=pkg, progress=progress)
-        return Compiled(wheel=_normalised(raw, out, pkg, log), usage=usage, objects=objcache.Stats(0, 0))
+        return Compiled(
+            wheel=_normalised(raw, out, pkg, log, ctx.requires_added(pkg)), usage=usage, objects=objcache.Stats(0, 0)
+        )
     place = reproducible.placement(pkg.name, stage_dir)
     cmd = wheel_command(pkg, str(raw), place.path(build_dir))
     server = ctx.jobserver()
@@ -173,7 +175,7 @@ def compile_wheel(
             _record_units(ctx, pkg, server.broker.results(pkg.name), log)
     starved = server.broker.starved(pkg.name) if server.broker is not None else []
     return Compiled(
-        wheel=_normalised(raw, out, pkg, log),
+        wheel=_normalised(raw, out, pkg, log, ctx.requires_added(pkg)),
         usage=usage,
         objects=objcache.stats(stats_log),
         waits=tuple(read_waits(waits)) + tuple(starved),
@@ -202,12 +204,16 @@ def _record_units(ctx: Context, pkg: Package, units: dict[str, dict[str, object]
         print(f"note: {pkg.name}: {unit} was killed for memory and run once more with room for it", flush=True)
 
 
-def _normalised(raw: Path, out: Path, pkg: Package, log: Path) -> Path:
+def _normalised(raw: Path, out: Path, pkg: Package, log: Path, requires: list[str]) -> Path:
+    """The build's one wheel, normalised, with ``requires`` (the torch it was compiled against) in its metadata."""
     wheels = sorted(raw.glob("*.whl"))
     if len(wheels) != 1:
         raise BuildError(f"build of {pkg.name} produced {len(wheels)} wheels, expected one; see {log}")
     norm = out / wheels[0].name
-    normalize_wheel(wheels[0], norm, epoch=DEFAULT_EPOCH)
+    normalize_wheel(wheels[0], norm, epoch=DEFAULT_EPOCH, requires=requires)
+    if requires:
+        with log.open("a") as fh:
+            fh.write(f"# added to the wheel's METADATA: {'; '.join(f'Requires-Dist: {r}' for r in requires)}\n")
     return norm
 
 

@@ -133,15 +133,18 @@ class Pin:
 ANY_VERSION = "999999"
 
 
-def stub_wheel(directory: Path, name: str, version: str) -> Path:
-    """A wheel of ``name`` at ``version`` (+provided unless it has a local label) with no requirements."""
+def stub_wheel(directory: Path, name: str, version: str, requires: Sequence[str] = ()) -> Path:
+    """A wheel of ``name`` at ``version`` (+provided unless it has a local label) requiring ``requires`` only
+    (nothing for a hand-written provided entry; the distribution's own Requires-Dist for one captured from
+    the base, so that the resolution keeps every requirement of the base)."""
     version = version or ANY_VERSION
     stub_version = version if "+" in version else f"{version}+{STUB_LABEL}"
     dist = re.sub(r"[-.]+", "_", name)
     path = directory / f"{dist}-{stub_version}-py3-none-any.whl"
     info = f"{dist}-{stub_version}.dist-info"
+    lines = "".join(f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {stub_version}\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {stub_version}\n{lines}")
         zf.writestr(
             f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: reprostack\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         )
@@ -161,24 +164,30 @@ def resolve(
     constraints: Sequence[str] = (),
     log: Path,
     where: str = "runtime",
+    base: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, str]:
     """name -> version of every distribution the requirements need on the target, but the ``fixed`` ones.
 
     ``fixed`` maps the distributions the target already has (provided, or built by us) to their
     versions; ``constraints`` are extra ``name==version`` lines (the lock's earlier pins); ``where`` is
-    the lock's section, for the error.
+    the lock's section, for the error. ``base`` maps the distributions captured from the base's
+    interpreter to their own requirements: each enters the resolution with them, so that nothing the
+    closure brings breaks a requirement of the base (pip refuses, naming both).
     """
+    base = base or {}
     with tempfile.TemporaryDirectory(prefix="reprostack-resolve-") as tmp:
         work = Path(tmp)
         stubs = work / "stubs"
         stubs.mkdir()
         for name, version in fixed.items():
-            stub_wheel(stubs, name, version)
+            stub_wheel(stubs, name, version, base.get(name, ()))
+        requirements = [*requirements, *sorted(n for n in base if n in fixed)]
         (work / "requirements.in").write_text("".join(f"{r}\n" for r in requirements))
         pins = [f"{name}=={version.split('+')[0]}" for name, version in fixed.items() if version]
         (work / "constraints.txt").write_text("".join(f"{c}\n" for c in [*pins, *constraints]))
         cmd = [
-            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",  # not --quiet: pip
+            # says the causes of a conflict ("The conflict is caused by: ...") at its default level only
             "--disable-pip-version-check", "--no-input", "--report", str(work / "report.json"),
             "--timeout", f"{pypi.TIMEOUT:g}",  # REPRO_NET_TIMEOUT, as every other network operation
             *target.pip_options(), "--target", str(work / "target"), "--find-links", str(stubs),
@@ -191,7 +200,8 @@ def resolve(
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
         log.write_text(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
         if res.returncode != 0:
-            raise ResolutionFailed(_pip_reason(res.stderr, target, where) + f"\n(pip's output: {log})")
+            reason = _pip_reason(res.stderr + _conflict(res.stdout), target, where)
+            raise ResolutionFailed(reason + _base_side(reason, base, fixed) + f"\n(pip's output: {log})")
         report = json.loads((work / "report.json").read_text())
     found: dict[str, str] = {}
     fixed_names = {canonicalize_name(n) for n in fixed}
@@ -204,6 +214,35 @@ def resolve(
     return dict(sorted(found.items()))
 
 
+def _base_side(reason: str, base: Mapping[str, Sequence[str]], fixed: Mapping[str, str]) -> str:
+    """The base's side of a conflict pip reports as a constraint: which distributions of the base require
+    what the closure would change, and the version the base holds."""
+    lines = []
+    for target in sorted({str(canonicalize_name(m)) for m in re.findall(r"depends on ([A-Za-z0-9._-]+)", reason)}):
+        for name, requires in sorted(base.items()):
+            for line in requires:
+                req = Requirement(line)
+                if canonicalize_name(req.name) == target and (req.marker is None or "extra" not in str(req.marker)):
+                    lines.append(f"{name} {fixed.get(name, '?')} (installed in the base) requires {line}")
+        if target in base:
+            lines.append(f"the base holds {target} {fixed.get(target, '?')}, which the closure may not replace")
+    return "".join(f"\n  {line}" for line in lines)
+
+
+def _conflict(stdout: str) -> str:
+    """pip's "The conflict is caused by:" block (it prints it to stdout), which names both sides."""
+    lines = stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith("The conflict is caused by")), None)
+    if start is None:
+        return ""
+    block = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.strip().startswith("To fix this"):
+            break
+        block.append(line)
+    return "\n" + "\n".join(block) + "\n"
+
+
 def _pip_reason(stderr: str, target: Target, where: str) -> str:
     """The lines of pip's error that say what could not be resolved."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -214,8 +253,52 @@ def _pip_reason(stderr: str, target: Target, where: str) -> str:
         or "requires" in line
         or "depends on" in line
     ]
-    shown = "\n  ".join((wanted or lines)[-12:])
+    shown = "\n  ".join((wanted or lines)[-12:]).replace(f"+{STUB_LABEL}", " (installed in the base)")
     return f"[{where}] cannot be resolved for CPython {target.python} on {target.platforms[0]}:\n  {shown}"
+
+
+# Runs in the base's interpreter: every installed distribution (the first copy of a name on its path).
+_CAPTURE = r"""
+import json, sys
+import importlib.metadata as md
+out = {"python": "%d.%d" % sys.version_info[:2], "dists": {}}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if name and name.lower() not in out["dists"]:
+        out["dists"][name.lower()] = [d.version, list(d.requires or [])]
+print(json.dumps(out))
+"""
+
+
+def capture_base(python: str, *, log: Path) -> tuple[str, dict[str, tuple[str, list[str]]]]:
+    """The base's CPython (``3.12``) and what its interpreter ``python`` has installed: canonical name ->
+    (version, its Requires-Dist), for ``[runtime] base_python``."""
+    cmd = [python, "-c", _CAPTURE]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LockError(f"[runtime] base_python = {python!r} cannot be run: {exc}") from None
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"$ {python} -c <capture>\n{res.stdout}{res.stderr}")
+    if res.returncode != 0:
+        raise LockError(f"[runtime] base_python = {python!r} failed (Python 3.8 or newer is needed); see {log}")
+    doc = json.loads(res.stdout)
+    found: dict[str, tuple[str, list[str]]] = {}
+    for name, (version, requires) in doc["dists"].items():
+        try:
+            Version(version)
+        except InvalidVersion:
+            continue  # pip could not pin it either
+        found[str(canonicalize_name(name))] = (version, [r for r in requires if _valid(r)])
+    return str(doc["python"]), dict(sorted(found.items()))
+
+
+def _valid(line: str) -> bool:
+    try:
+        Requirement(line)
+    except InvalidRequirement:
+        return False
+    return True
 
 
 def file_hashes(name: str, version: str, target: Target, *, work: Path, indexes: list[str] | None) -> list[str]:
@@ -279,12 +362,22 @@ def unmet(requires: Iterable[str], available: Mapping[str, str], target: Target)
         if not version:
             continue  # provided by the target, whatever its version
         try:
-            ok = req.specifier.contains(Version(version), prereleases=True)
+            ok = req.specifier.contains(Version(version), prereleases=True) or _same_unlabelled(req, version)
         except InvalidVersion:
             ok = False
         if not ok:
             missing.append(f"{line} (the closure has {version})")
     return missing
+
+
+def _same_unlabelled(req: Requirement, version: str) -> bool:
+    """Whether ``version``, written without a local label (a hand-written ``provided = ["torch==2.11.0"]``), is
+    the public version every ``==`` of ``req`` names with one (``torch==2.11.0+cu130``, our wheels' pin): the
+    label is then unknown here, and `doit preflight` checks it on the node."""
+    specs = list(req.specifier)
+    if "+" in version or not specs:
+        return False
+    return all(s.operator == "==" and "+" in s.version and Version(s.version).public == version for s in specs)
 
 
 def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | None, target: Target) -> Path:

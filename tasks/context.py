@@ -243,9 +243,15 @@ class Context:
                 reproducible=reproducible.key_section(reproducible.method(), nvcc_seed=self.nvcc_seed),
                 builder=self.builder.pin if self.builder is not None else None,
                 hermetic=self._hermetic_key(),
+                requires_added=self.requires_added(pkg),
             )
             self._keys[pkg.name] = (action_key(doc), doc)
         return self._keys[pkg.name]
+
+    def requires_added(self, pkg: Package) -> list[str]:
+        """The Requires-Dist lines the build adds to ``pkg``'s wheel: the exact torch it compiles against
+        (unless the lock says ``torch_unpinned``); see tasks/wheelnorm.py."""
+        return [toolchain.torch_requirement(self.toolchain)] if pkg.pins_torch else []
 
     def _hermetic_key(self) -> dict[str, object] | None:
         tc = self.lock.toolchain

@@ -22,6 +22,7 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
     task_lock,
     task_mirror,
     task_plan,
+    task_preflight,
     task_repro,
     task_stage,
     task_unbundle,

@@ -119,3 +119,9 @@ class BundleError(ReproError):
 def debug_enabled() -> bool:
     """True when the user asked for tracebacks of expected failures."""
     return os.environ.get("REPRO_DEBUG", "") not in ("", "0")
+
+
+class PreflightFailed(ReproError):
+    """`doit preflight`: the node lacks what the wheels need (a driver, a GPU, glibc, Python or torch)."""
+
+    exit_code = 21

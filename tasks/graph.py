@@ -14,6 +14,7 @@
     bundle          one file for an air-gapped site: wheelhouse, SBOM, image, mirror, SHA256SUMS
     unbundle        verify a bundle and unpack it (refuses an altered one)
     plan            what `doit wheels` would do, why, and how long (writes nothing)
+    preflight       the target node checks itself against what the wheels need, before installing
 
 Task creators only read the parsed lock; nothing here touches the network,
 git or a compiler while doit loads or lists tasks.
@@ -765,3 +766,36 @@ class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
         if task.name == "plan" and context().settings.format == "json":
             return
         super().execute_task(task)
+
+
+@guarded
+def _do_preflight(python: str, report: str) -> None:
+    """The wheelhouse's own check (wheels/preflight.py, the same code as tasks/preflight.py) on this node."""
+    from tasks import preflight
+    from tasks.errors import PreflightFailed
+
+    ctx = context()
+    out = Path(report) if report else ctx.settings.builddir / "preflight" / "report.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = ["--wheels", str(ctx.settings.wheels), "--json", str(out), "--gpu", ctx.settings.gpu]
+    status = preflight.main([*args, *(["--python", python] if python else [])])
+    if status == preflight.EXIT_UNREADABLE:
+        raise ReproError(f"{ctx.settings.wheels} has no {preflight.SPEC_FILE}: run `doit wheels` (or unpack a bundle)")
+    if status != preflight.EXIT_OK:
+        raise PreflightFailed(
+            f"this node cannot take the wheels in {ctx.settings.wheels}: see the FAIL lines above (report: {out}); "
+            "fix the node (driver, GPU allocation, interpreter, torch), or build the wheels for it"
+        )
+
+
+def task_preflight() -> TaskDict:
+    """Check this node (driver, GPUs, glibc, Python, torch, provided set) against wheels/ before installing."""
+    return {
+        "actions": [_do_preflight],
+        "params": [
+            {"name": "python", "long": "python", "default": "", "help": "the interpreter the wheels go into"},
+            {"name": "report", "long": "report", "default": "", "help": "the JSON report's path"},
+        ],
+        "uptodate": [False],
+        **CONSOLE,
+    }

@@ -32,6 +32,7 @@ def key_document(
     reproducible: Mapping[str, Any] | None = None,
     builder: Mapping[str, str] | None = None,
     hermetic: Mapping[str, Any] | None = None,
+    requires_added: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The canonical document hashed into the action key.
 
@@ -40,7 +41,9 @@ def key_document(
     what every build gets for bit-for-bit output (``reproducible.key_section``);
     ``builder`` pins the builder image (digest or ID) a build runs in, absent
     for host builds; ``hermetic`` is the pinned wheel set of the hermetic
-    toolchain (``hermetic.key_section``), absent when the host's CUDA builds.
+    toolchain (``hermetic.key_section``), absent when the host's CUDA builds;
+    ``requires_added`` are the Requires-Dist lines the build stage adds to the
+    wheel's METADATA (the torch it was compiled against), absent when none.
     """
     jobs = set(pkg.jobs_env)
     doc = {
@@ -65,6 +68,8 @@ def key_document(
         doc["builder"] = dict(builder)
     if hermetic:
         doc["hermetic_toolchain"] = dict(hermetic)
+    if requires_added:
+        doc["requires_added"] = list(requires_added)
     return doc
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -199,10 +200,10 @@ def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, upd
     (they go in as constraints first), and a pin whose version did not change keeps its hashes.
     """
     lock = load_lock(lock_path, require_pins=False)
-    sections = [(where, rt) for where, rt in lock.runtimes() if rt.requirements]
+    sections = lock.runtimes()  # one without requirements of its own still takes our wheels' Requires-Dist
     if not sections:
         if "runtime" in update:
-            raise LockError(f"update=runtime: {lock_path} has no [runtime] requirements to resolve")
+            raise LockError(f"update=runtime: {lock_path} has no [runtime] to resolve")
         return []
     lines: list[str] = []
     failed: list[ReproError] = []
@@ -227,22 +228,44 @@ def _lock_one_runtime(
 ) -> list[str]:  # fmt: skip
     label = where if where == "runtime" else f"{where} (profile {profile})"
     refresh = "runtime" in update or "all" in update
-    if runtime.resolved and runtime.resolved_from == runtime.digest() and not refresh:
-        return [f"{label}: pinned ({len(runtime.resolved)} distributions)"]
+    log = logs / ("lock-runtime.log" if where == "runtime" else f"lock-runtime-{profile}.log")
+    base: dict[str, tuple[str, list[str]]] = {}
+    written: list[str] = []
+    if runtime.base_python:  # the provided set is what the base holds, captured now
+        base_py, base = closure.capture_base(runtime.base_python, log=log.with_name(log.stem + "-base.log"))
+        provided = tuple(sorted((name, version) for name, (version, _requires) in base.items()))
+        if provided != runtime.provided:
+            written.append(f"provided ({len(provided)} distributions installed for {runtime.base_python})")
+        runtime = replace(runtime, provided=provided, python=runtime.python or base_py)
+    if not runtime.python:
+        runtime = replace(runtime, python=f"{sys.version_info[0]}.{sys.version_info[1]}")
+        written.append(f"python = {runtime.python!r} (this interpreter's)")
+    if written:
+        _write_runtime_inputs(lock_path, where, profile, runtime)
     target = closure.target_of(runtime)
     started = time.monotonic()
     fixed, requires, notes = _ours(lock.resolve(profile), lock, runtime, wheels, cache)
     fixed.update(runtime.provided_versions)
+    available = {**{pin.name: pin.version for pin in runtime.resolved}, **fixed}
+    # Our wheels' requirements, once they are built, are the closure's to meet: a closure resolved before
+    # (with requirements = [], say) that does not meet them is resolved again.
+    unmet = closure.unmet(requires, available, target)
+    if runtime.resolved_from == runtime.digest() and not refresh and not unmet:
+        return [f"{label}: pinned ({len(runtime.resolved)} distributions)"]
+    notes = [f"  wrote {line}" for line in written] + notes
+    if unmet and runtime.resolved_from == runtime.digest():
+        notes.append(f"  resolved again: the built wheels need {', '.join(unmet)}")
     old = {pin.name: pin for pin in runtime.resolved}
     requirements = [*runtime.requirements, *requires]
-    log = logs / ("lock-runtime.log" if where == "runtime" else f"lock-runtime-{profile}.log")
+    base_requires = {name: requires for name, (_version, requires) in base.items()}
     try:
         found = closure.resolve(requirements, fixed, target, constraints=[f"{n}=={p.version}" for n, p in old.items()],
-                                log=log, where=where)  # fmt: skip
+                                log=log, where=where, base=base_requires)  # fmt: skip
     except closure.ResolutionFailed:
         if not old:
             raise
-        found = closure.resolve(requirements, fixed, target, log=log, where=where)  # earlier pins did not fit
+        found = closure.resolve(requirements, fixed, target, log=log, where=where, base=base_requires)  # earlier pins
+        # did not fit
     indexes = pypi.pip_indexes()
     pins = []
     with tempfile.TemporaryDirectory(prefix="lock-runtime-") as work:
@@ -275,6 +298,19 @@ def _lock_one_runtime(
     return [summary, *notes]
 
 
+def _write_runtime_inputs(lock_path: Path, where: str, profile: str, runtime: Runtime) -> None:
+    """``provided`` (captured from base_python) and ``python`` of a runtime section, into the lock file."""
+    doc = tomlkit.parse(lock_path.read_text())
+    table = doc["runtime"] if where == "runtime" else doc["profiles"][profile]["runtime"]
+    if runtime.base_python:
+        array = tomlkit.array()
+        array.multiline(True)
+        array.extend(f"{name}=={version}" for name, version in runtime.provided)
+        set_key(table, "provided", array)
+    set_key(table, "python", runtime.python)
+    write_atomic(lock_path, tomlkit.dumps(doc))
+
+
 def _ours(
     packages: tuple[Package, ...], lock: Lock, runtime: Runtime, wheels: Path, cache: Cache
 ) -> tuple[dict[str, str], list[str], list[str]]:
@@ -296,13 +332,16 @@ def _ours(
     for pkg in packages:
         name = pkg.name
         src = lock.sources[pkg.source]
-        wheel = built.get(name)
+        wheel = built.get(name) or _newest_cached(cache, name)
         if wheel is None and pkg.prebuilt and src.sha256:
             wheel = cache.fetched_wheel(src.sha256)
         if wheel is not None:
             fixed[pkg.distribution_name] = str(parse_wheel_filename(wheel.name)[1])
             if pkg.deps and pkg.distribution_name not in provided:  # a patched base package needs what the base has
-                requires += [r for r in closure.requires_dist(wheel) if not _names_ours(r, lock)]
+                # What the target provides is not resolved: our wheels' pins of it (the torch they were
+                # compiled against) are checked against the provided set by `doit wheels` instead.
+                requires += [r for r in closure.requires_dist(wheel)
+                             if not _names_ours(r, lock) and _name(r) not in provided]  # fmt: skip
             continue
         if pkg.prebuilt:
             fixed[pkg.distribution_name] = str(parse_wheel_filename(src.filename)[1])
@@ -315,6 +354,26 @@ def _ours(
             "against the closure, and `doit lock update=runtime` after a build takes them into the resolution"
         ]
     return fixed, requires, notes
+
+
+def _newest_cached(cache: Cache, package: str) -> Path | None:
+    """The wheel of ``package`` built last into the cache (a `doit wheels` that the closure stopped leaves
+    its wheels there, not in wheels/): its requirements stand for the current build's; `doit wheels` checks
+    the real ones again."""
+    found = []
+    for entry in (cache.root / "wheels").glob("*/*/entry.json"):
+        try:
+            meta = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            continue
+        wheel = entry.parent / str(meta.get("filename", ""))
+        if meta.get("package") == package and not meta.get("prebuilt") and wheel.suffix == ".whl" and wheel.is_file():
+            found.append((entry.stat().st_mtime, wheel))
+    return max(found)[1] if found else None
+
+
+def _name(requirement: str) -> str:
+    return str(canonicalize_name(Requirement(requirement).name))
 
 
 def _names_ours(requirement: str, lock: Lock) -> bool:

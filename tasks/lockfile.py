@@ -97,6 +97,9 @@ class Runtime:
     requirements: tuple[str, ...] = ()
     provided: tuple[tuple[str, str], ...] = ()  # (canonical name, exact version, or "" for whatever the target has)
     python: str = ""  # the target's CPython, "3.12"
+    #: The base's interpreter (``[runtime] base_python``): `doit lock` captures ``provided`` from what it has
+    #: installed, and the resolution keeps every requirement of those distributions ('' = provided by hand).
+    base_python: str = ""
     platforms: tuple[str, ...] = ()  # pip --platform tags; empty: tasks/closure.py's default
     resolved: tuple[WheelPin, ...] = ()
     resolved_from: str = ""
@@ -213,6 +216,9 @@ class Package:
     #: instead of failing the run (the example lock's CUDA and torch fixtures); never for the real stack.
     optional: bool = False
     verify: Verify = field(default_factory=Verify)
+    #: Why this package's wheel does not pin the torch it was built against ('' = it does: a package
+    #: that builds against torch gets ``Requires-Dist: torch==<that torch's version>``, see tasks/build.py).
+    torch_unpinned: str = ""
 
     def source_names(self) -> tuple[str, ...]:
         return (self.source, *(name for _, name in self.overlays))
@@ -242,6 +248,11 @@ class Package:
     def needs_torch(self) -> bool:
         """Whether the build imports torch (its build requirements name it)."""
         return any(canonicalize_name(Requirement(r).name) == "torch" for r in self.build_requires)
+
+    @property
+    def pins_torch(self) -> bool:
+        """Whether its wheel records the exact torch it was compiled against (``Requires-Dist: torch==...``)."""
+        return self.needs_torch and not self.prebuilt and not self.torch_unpinned
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -613,6 +624,7 @@ PACKAGE_FIELDS = {
     "distribution": _Field(_is_str),
     "deps": _Field(_is_bool),
     "verify": _Field(_is_table),
+    "torch_unpinned": _Field(_is_str),
 }
 VERIFY_FIELDS = {"imports": _Field(_is_str_list), "smoke": _Field(_is_str)}
 PROFILE_FIELDS = {"description": _Field(_is_str), "packages": _Field(_is_table), "runtime": _Field(_is_table)}
@@ -830,6 +842,7 @@ RUNTIME_FIELDS = {
     "resolved": _Field(_is_str_list),
     "resolved_from": _Field(_is_sha256),
     "verify": _Field(_is_table),
+    "base_python": _Field(_is_str),
 }
 PYTHON_TARGET_RE = re.compile(r"^3\.\d+$")
 
@@ -864,7 +877,10 @@ def _parse_runtime(p: _Problems, raw: Any, where: str = "runtime") -> Runtime | 
             continue
         provided[str(canonicalize_name(req.name))] = specs[0].version if specs else ""
     python = raw.get("python", "")
-    if not PYTHON_TARGET_RE.match(python):
+    if "python" not in raw:
+        p.unpinned(where, "python (the target's CPython) is not set yet (run `doit lock`: it writes base_python's "
+                   "version, else this interpreter's)")  # fmt: skip
+    elif not PYTHON_TARGET_RE.match(python):
         p.add(where, f"python must be the target's CPython as '3.Y' (such as '3.12'), got {python!r}")
     resolved = _parse_pins(p, f"{where}.resolved", raw.get("resolved", []), hashed=True)
     owners: dict[str, str] = {}
@@ -882,8 +898,10 @@ def _parse_runtime(p: _Problems, raw: Any, where: str = "runtime") -> Runtime | 
         resolved=resolved,
         resolved_from=raw.get("resolved_from", ""),
         verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
+        base_python=raw.get("base_python", ""),
     )
-    if requirements and (not runtime.resolved or runtime.resolved_from != runtime.digest()):
+    # Resolved even without requirements of its own: the wheels' Requires-Dist enter the resolution.
+    if "python" in raw and runtime.resolved_from != runtime.digest():
         p.unpinned(where, "the closure is not resolved for these requirements, provided set and target yet "
                    "(run `doit lock` to resolve and pin it)")  # fmt: skip
     return runtime
@@ -1169,6 +1187,13 @@ def _check_package_values(
     verify = entry.get("verify")
     if isinstance(verify, dict):
         p.check_table(f"{where}.verify", verify, VERIFY_FIELDS)
+    reason = entry.get("torch_unpinned")
+    if isinstance(reason, str) and len(reason.strip()) < 10:
+        p.add(
+            where,
+            "torch_unpinned must say why the wheel may go beside another torch than the one it was built against "
+            f"(a sentence, such as 'loads libtorch through its own stable C ABI'), got {reason!r}",
+        )
     subdir = entry.get("subdir", "")
     if subdir.startswith("/") or ".." in Path(subdir).parts:
         p.add(where, f"subdir {subdir!r} must be relative and inside the tree")
@@ -1218,6 +1243,7 @@ def _package_from(name: str, entry: Mapping[str, Any], prebuilt: bool = False) -
         prebuilt=prebuilt,
         deps=bool(entry.get("deps", True)),
         verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
+        torch_unpinned=entry.get("torch_unpinned", "").strip(),
     )
 
 
@@ -1243,6 +1269,9 @@ def _parse_packages(p: _Problems, raw: Any, sources: Mapping[str, Any], patches_
                 p.add(where, f"source {entry['source']!r} is a wheel, placed as is: {', '.join(extra)} "
                       f"do(es) not apply (a prebuilt package takes {', '.join(PREBUILT_FIELDS)})")  # fmt: skip
         out[name] = _package_from(name, entry, prebuilt)
+        if out[name].torch_unpinned and not out[name].needs_torch:
+            p.add(where, "torch_unpinned applies only to a package whose build_requires name torch (its wheel "
+                  "is compiled against one); remove it")  # fmt: skip
     builds: dict[str, str] = {}
     for name, pkg in out.items():
         first = builds.setdefault(pkg.distribution_name, name)

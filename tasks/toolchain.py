@@ -53,7 +53,8 @@ import json, sys, sysconfig, importlib.metadata as md, importlib.util
 import os
 out = {"python": sys.version.split()[0], "implementation": sys.implementation.cache_tag,
        "soabi": sysconfig.get_config_var("SOABI"), "platform": sysconfig.get_platform(),
-       "headers": os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))}
+       "headers": os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")),
+       "glibc": os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""}
 if importlib.util.find_spec("torch") is not None:
     import torch
     out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
@@ -285,6 +286,26 @@ def _matches(spec: str, version: str) -> bool:
         return False
 
 
+def torch_requirement(info: Mapping[str, Any]) -> str:
+    """``torch==<version>`` of the probed torch, local label kept (``2.11.0+cu130`` is not ``2.11.0+cpu``).
+
+    What a wheel compiled against that torch records in its Requires-Dist (tasks/build.py), so that pip
+    refuses to install it beside any other torch, where its extension would not load.
+    """
+    found = info["python"].get("torch")
+    if not found:
+        raise ToolchainError(f"torch is not importable by {sys.executable}, yet the package builds against it")
+    version = str(found["version"])
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise ToolchainError(
+            f"torch's version {version!r} is not a PEP 440 version, so no wheel can require it exactly; set "
+            "torch_unpinned (with the reason) for the packages that build against it"
+        ) from None
+    return f"torch=={version}"
+
+
 def builds_against_torch(build_requires: Iterable[str]) -> bool:
     """Whether a package's build requirements name torch (its build imports it)."""
     return any(Requirement(r).name.lower() == "torch" for r in build_requires)
@@ -308,6 +329,12 @@ def toolchain_problems(tc: Toolchain, info: Mapping[str, Any], *, torch: bool = 
             problems.append(f"torch {found['version']} does not satisfy {tc.torch!r}")
         if tc.torch_cuda and not (found and found.get("cuda") and _matches(tc.torch_cuda, found["cuda"])):
             problems.append(f"torch's CUDA {found.get('cuda') if found else None} does not satisfy {tc.torch_cuda!r}")
+        elif cuda and found and not found.get("cuda"):
+            problems.append(
+                f"torch {found['version']} is a CPU build (torch.version.cuda is None), and a cuda = true package "
+                "compiles CUDA against torch: install a CUDA build of torch (pip install torch --index-url "
+                "https://download.pytorch.org/whl/cu130, the one your [toolchain] cuda names)"
+            )
     if cuda and tc.cuda:
         release = nvcc_release(info)
         if not release:

@@ -13,7 +13,13 @@ hash-pinned, torch from the base environment) and checks, per wheel:
 - ``arch``: every object with device code carries SASS for each target arch
   of the manifest (checked with ``cuobjdump``), none left to PTX JIT;
 - ``smoke:*``: the package's smoke script from ``tasks/smoke/``, GPU parts
-  skipped (never passed) where no GPU is present or ``gpu="off"``.
+  skipped (never passed) where no GPU is present or ``gpu="off"``;
+
+and, for the environment as a whole, ``pip-check``: ``pip check`` over the
+base and the wheelhouse, failing on a broken requirement that involves a
+wheel of the wheelhouse. A requirement met only from this tool's own venv
+(which the scratch venv sees for the base's torch) and not provided is unmet:
+the wheelhouse's install command would not find it.
 
 Before installing, ``sha256`` checks each wheel against ``manifest.json`` and
 ``provenance`` against the subject digest of its in-toto statement
@@ -578,6 +584,9 @@ class _Session:
         self.installed = installed  # check python's own environment: no scratch venv, no install
         self.isolated = isolated  # a venv that sees the base interpreter and the provided set only
         self.provided: tuple[str, ...] = ()
+        #: Site directories the scratch venv sees that the wheelhouse's own install command would not (this
+        #: tool's venv, made visible for the base's torch): what is only there does not meet a requirement.
+        self.foreign: list[str] = []
 
     def log(self, name: str) -> Path:
         """``<log_dir>/<name>.log``, emptied the first time this run asks."""
@@ -599,12 +608,24 @@ class _Session:
         return run_logged(argv, log=self.log(log), env=self.env, timeout=timeout, cwd=cwd or self.scratch)
 
     def runner_info(
-        self, python: str | Path, dists: Sequence[str], *, log: str, versions: Mapping[str, str] | None = None
+        self,
+        python: str | Path,
+        dists: Sequence[str],
+        *,
+        log: str,
+        versions: Mapping[str, str] | None = None,
+        foreign: Sequence[str] = (),
+        allowed: Sequence[str] = (),
     ) -> dict[str, Any] | Completed:
-        """What ``python`` has of ``dists``; where ``versions`` names one, the copy of that version on its path."""
+        """What ``python`` has of ``dists``; where ``versions`` names one, the copy of that version on its path.
+
+        A requirement of theirs met only from one of the ``foreign`` directories (this tool's own venv), and
+        not ``allowed`` (provided), counts as unmet (see tasks/verify_runner.py)."""
         request = self.scratch / f"{log}.request.json"
         out = self.scratch / f"{log}.json"
-        write_atomic(request, json.dumps({"dists": list(dists), "versions": dict(versions or {})}))
+        doc = {"dists": list(dists), "versions": dict(versions or {}), "foreign": list(foreign),
+               "allowed": list(allowed)}  # fmt: skip
+        write_atomic(request, json.dumps(doc))
         out.unlink(missing_ok=True)
         done = self.run([str(python), str(RUNNER), "info", str(request), str(out)], log=log, timeout=TOOL_TIMEOUT_S)
         if not done.ok or not out.is_file():
@@ -684,10 +705,38 @@ def run_verify(wheel_dir: Path, work_dir: Path, **kwargs: Any) -> Report:
         failed = "\n".join(f"  {row.package} {row.check}: {_one_line(row.detail, 160)}" for row in report.failures())
         raise VerifyFailed(
             f"verify: {report.summary()}\n{failed}\n"
-            f"Full report: {work / 'report.txt'} (and report.json); logs: {logs}/. "
-            "Fix the wheel's recipe or patches, rebuild with `doit wheels`, then rerun `doit verify`."
+            f"Full report: {work / 'report.txt'} (and report.json); logs: {logs}/. " + advice(report.failures())
         )
     return report
+
+
+def advice(failures: Sequence[Row]) -> str:
+    """What to fix, by the cause the failed rows point to: the wheelhouse's files, the environment verify ran
+    in, the lock's [runtime], or the wheel's recipe."""
+    said = []
+    details = " ".join(row.detail for row in failures)
+    if any(row.check in ("sha256", "contents", "provenance") for row in failures):
+        said.append("The wheelhouse's files were changed: rebuild it with `doit clean wheels && doit wheels`.")
+    if any(row.check == "venv" for row in failures) or "not installed for" in details:
+        said.append(
+            "The environment: the base interpreter lacks what the lock's [runtime] provided names (or the venv "
+            "could not be made); run verify where the base has it, or correct [runtime] provided."
+        )
+    runtime_checks = ("deps", "pip-check")
+    missing_module = any(row.check == "import" and "No module named" in row.detail for row in failures)
+    if any(row.check in runtime_checks or row.package == "closure" for row in failures) or missing_module:
+        said.append(
+            "The lock's [runtime]: add what is missing to requirements (or provided, or set base_python), "
+            "run `doit lock` and `doit wheels`, then rerun `doit verify`."
+        )
+    recipe = ("install", "import", "libs", "symbols", "arch")
+    if not said or any(
+        (row.check in recipe or row.check.startswith("smoke")) and "No module named" not in row.detail
+        for row in failures
+        if row.package not in ("wheelhouse", "closure", "environment")
+    ):
+        said.append("The wheel's recipe or patches: fix them, rebuild with `doit wheels`, then rerun `doit verify`.")
+    return " ".join(said)
 
 
 def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> Iterator[Row]:
@@ -714,7 +763,13 @@ def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> I
         if install_row.status == "FAIL":
             return
 
-    info = session.runner_info(session.venv_python, [w.name for w in manifest.wheels], log="venv-info")
+    info = session.runner_info(
+        session.venv_python,
+        [w.name for w in manifest.wheels],
+        log="venv-info",
+        foreign=session.foreign,
+        allowed=[line.split("==")[0] for line in manifest.provided],
+    )
     if isinstance(info, Completed):
         yield Row(package=house, check="inspect", status="FAIL", detail=info.failure("inspecting the venv"))
         return
@@ -723,6 +778,8 @@ def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> I
         yield from _verify_wheel(session, manifest, spec, info, cuobjdump, smoke_timeout=smoke_timeout)
     if manifest.closure:
         yield from _closure_rows(session, manifest, info)
+    if not session.installed:
+        yield _pip_check_row(session, manifest)
     if manifest.environment is not None:
         yield from _environment_rows(session, manifest.environment, smoke_timeout=smoke_timeout)
 
@@ -762,6 +819,47 @@ def _closure_rows(session: _Session, manifest: Manifest, info: Mapping[str, Any]
         yield Row(package="closure", check="deps", status="PASS", detail="every requirement of the closure is met")
 
 
+_PIP_CHECK_LINE = re.compile(
+    r"^(?P<name>\S+) (?P<version>\S+) (?:requires (?P<missing>\S+), which is not installed"
+    r"|has requirement (?P<req>.+), but you have (?P<dep>\S+) (?P<have>\S+))\.?$"
+)
+
+
+def _pip_check_row(session: _Session, manifest: Manifest) -> Row:
+    """``pip check`` over everything the venv sees, the base and the wheelhouse: a broken requirement of any
+    installed distribution that involves a wheel of ours or of the closure fails (the base's own breakage,
+    which the wheelhouse did not cause, is counted, not failed)."""
+    done = session.run([*session.pip, "check"], log="pip-check", timeout=TOOL_TIMEOUT_S)
+    ours = {_canonical(w.name) for w in manifest.wheels}
+    broken, elsewhere = [], 0
+    for line in done.output.splitlines():
+        m = _PIP_CHECK_LINE.match(line.strip())
+        if m is None:
+            continue
+        involved = {_canonical(m.group("name")), _canonical(m.group("missing") or m.group("dep") or "")}
+        if involved & ours:
+            broken.append(line.strip().rstrip("."))
+        else:
+            elsewhere += 1
+    aside = f" ({_n(elsewhere, 'broken requirement')} of the base itself left aside)" if elsewhere else ""
+    if broken:
+        return Row(package="wheelhouse", check="pip-check", status="FAIL",
+                   detail="; ".join(broken) + f"{aside}: the wheelhouse breaks what the base holds (keep the base "
+                   "whole: [runtime] base_python, then `doit lock`)")  # fmt: skip
+    return Row(package="wheelhouse", check="pip-check", status="PASS",
+               detail=f"pip check: no requirement of base or wheelhouse broken by the wheelhouse{aside}")  # fmt: skip
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _is_base_site(path: Path, base: Mapping[str, Any]) -> bool:
+    """Whether ``path`` belongs to the base interpreter itself (its base_prefix), not to the venv it runs in."""
+    root = str(base.get("base_prefix") or "")
+    return bool(root) and path.resolve().is_relative_to(Path(root).resolve())
+
+
 def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
     problems = []
     for spec in manifest.wheels:
@@ -786,7 +884,10 @@ def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
 
 
 #: What `doit wheels` writes into wheels/ besides the wheels manifest.json lists.
-WHEELHOUSE_FILES = frozenset({"manifest.json", "requirements.txt", "simple", "sbom.cdx.json", provenance.DIRECTORY})
+WHEELHOUSE_FILES = frozenset(
+    {"manifest.json", "requirements.txt", "simple", "sbom.cdx.json", provenance.DIRECTORY,
+     "preflight.py", "preflight.json"}
+)  # fmt: skip
 
 
 def _check_contents(wheel_dir: Path, manifest: Manifest) -> Row:
@@ -849,7 +950,8 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         pth_dirs = [d for d in base.get("site_dirs", []) if Path(d).is_dir()]
         for site_dir in _venv_site_dirs(session.venv):
             write_atomic(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
-        note = f"; base venv {base.get('prefix')} visible through a .pth file"
+        session.foreign = [str(d) for d in pth_dirs if not _is_base_site(Path(d), base)]
+        note = f"; base venv {base.get('prefix')} visible through a .pth file (for what [runtime] provides only)"
     return Row(
         package="wheelhouse",
         check="venv",

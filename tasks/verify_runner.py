@@ -28,11 +28,12 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import site
 import sys
 import sysconfig
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TextIO
 
 
@@ -65,9 +66,30 @@ def _packaging() -> tuple[Any, Any] | None:
     return None
 
 
-def _requirement_problems(dist: importlib.metadata.Distribution) -> list[str]:
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _only_foreign(name: str, foreign: Sequence[str], allowed: Collection[str]) -> str:
+    """Where ``name`` is installed when that is one of the ``foreign`` directories (the verifying tool's own
+    environment, which the wheelhouse's install command does not see) and it is not ``allowed``; else ''."""
+    if not foreign or _canonical(name) in allowed:
+        return ""
+    try:
+        where = os.path.realpath(str(importlib.metadata.distribution(name).locate_file("")))
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+    return where if any(where == f or where.startswith(f.rstrip(os.sep) + os.sep) for f in foreign) else ""
+
+
+def _requirement_problems(
+    dist: importlib.metadata.Distribution, foreign: Sequence[str] = (), allowed: Collection[str] = ()
+) -> list[str]:
     """Requirements of ``dist`` that the environment does not satisfy, with those of the extras it asks
-    for (``repro-shapes[round]``: what repro-shapes needs for ``round``, which ``pip --no-deps`` never saw)."""
+    for (``repro-shapes[round]``: what repro-shapes needs for ``round``, which ``pip --no-deps`` never saw).
+
+    A requirement met only by a distribution in one of the ``foreign`` directories, and not ``allowed``
+    (the provided set), is unmet: the install command of the wheelhouse would not find it offline."""
     modules = _packaging()
     if modules is None:
         return ["cannot check requirements: neither packaging nor pip is importable"]
@@ -96,6 +118,11 @@ def _requirement_problems(dist: importlib.metadata.Distribution) -> list[str]:
             installed = importlib.metadata.version(req.name)
         except importlib.metadata.PackageNotFoundError:
             problems.append(f"{shown} (not installed)")
+            continue
+        elsewhere = _only_foreign(req.name, foreign, allowed)
+        if elsewhere:
+            problems.append(f"{shown} (only in {elsewhere}, the verifying tool's own environment: neither in the "
+                            "wheelhouse nor provided)")  # fmt: skip
             continue
         if req.extras and (req.name.lower(), tuple(sorted(req.extras))) not in followed:
             followed.add((req.name.lower(), tuple(sorted(req.extras))))
@@ -131,7 +158,9 @@ def _top_level(dist: importlib.metadata.Distribution, files: list[str], location
     return sorted(names)
 
 
-def _describe_dist(name: str, version: str = "") -> dict[str, Any]:
+def _describe_dist(
+    name: str, version: str = "", foreign: Sequence[str] = (), allowed: Collection[str] = ()
+) -> dict[str, Any]:
     """The distribution ``name`` first on the path, or, with ``version``, the first copy of that version
     (public part compared: ``2.11.0`` is ``2.11.0+cu130``)."""
     try:
@@ -152,7 +181,7 @@ def _describe_dist(name: str, version: str = "") -> dict[str, Any]:
         "location": location,
         "files": files,
         "top_level": _top_level(dist, files, location),
-        "requirement_problems": _requirement_problems(dist),
+        "requirement_problems": _requirement_problems(dist, foreign, allowed),
         "requires": list(dist.requires or []),
     }
 
@@ -171,7 +200,13 @@ def info(request: dict[str, Any]) -> dict[str, Any]:
         "ext_suffixes": list(importlib.machinery.EXTENSION_SUFFIXES),
         "torch_lib": _torch_lib_dir(),
         "dists": {
-            name: _describe_dist(name, request.get("versions", {}).get(name, "")) for name in request.get("dists", [])
+            name: _describe_dist(
+                name,
+                request.get("versions", {}).get(name, ""),
+                [os.path.realpath(d) for d in request.get("foreign", [])],
+                {_canonical(n) for n in request.get("allowed", [])},
+            )
+            for name in request.get("dists", [])
         },
     }
 

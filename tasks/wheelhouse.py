@@ -2,9 +2,12 @@
 
 ``wheels/`` holds the wheels of the current lock and profile only, plus
 ``manifest.json``, a PEP 503 index under ``simple/``, a hash-pinned
-``requirements.txt``, the CycloneDX SBOM ``sbom.cdx.json`` and one in-toto
-provenance statement per wheel under ``provenance/``. Every file is written
-atomically; stale wheels go.
+``requirements.txt``, the CycloneDX SBOM ``sbom.cdx.json``, one in-toto
+provenance statement per wheel under ``provenance/``, and what a cluster node
+checks itself with before installing: ``preflight.py`` (a copy of
+tasks/preflight.py, standard library only) and ``preflight.json`` (what the
+wheels need: the build's CUDA, torch and glibc, the target archs, the provided
+set). Every file is written atomically; stale wheels go.
 """
 
 from __future__ import annotations
@@ -73,10 +76,61 @@ def is_current(ctx: Context) -> tuple[bool, str]:
         if not p.is_file() or p.stat().st_size != w["size"]:
             return False, f"{w['filename']} missing or changed"
     statements = [f"{provenance.DIRECTORY}/{w['filename']}{provenance.SUFFIX}" for w in doc["wheels"]]
-    for extra in ("requirements.txt", "simple/index.html", provenance.SBOM_FILE, *statements):
+    for extra in ("requirements.txt", "simple/index.html", provenance.SBOM_FILE, PREFLIGHT_SPEC, *statements):
         if not (ctx.settings.wheels / extra).is_file():
             return False, f"{extra} missing"
+    shipped = ctx.settings.wheels / PREFLIGHT_SCRIPT
+    if not shipped.is_file() or shipped.read_bytes() != PREFLIGHT_SOURCE.read_bytes():
+        return False, f"{PREFLIGHT_SCRIPT} missing or not this checkout's"
     return True, "up to date"
+
+
+#: The node's own check (`doit preflight`), shipped in the wheelhouse with what the wheels need.
+PREFLIGHT_SCRIPT = "preflight.py"
+PREFLIGHT_SPEC = "preflight.json"
+PREFLIGHT_SOURCE = Path(__file__).resolve().with_name("preflight.py")
+
+
+def preflight_spec(ctx: Context, records: list[index.WheelRecord]) -> dict[str, Any]:
+    """What the wheels need of a node (read by tasks/preflight.py there): the build's CUDA, torch and glibc,
+    the target archs, each wheel (with whether it carries device code), the provided set."""
+    import os
+    import platform
+
+    from tasks import preflight, toolchain
+
+    built = [pkg for pkg in ctx.active if not pkg.prebuilt]
+    info = ctx.toolchain if built else {"python": {}, "tools": {}}
+    torch = info["python"].get("torch") or {}
+    cuda = ""
+    if any(pkg.needs_cuda for pkg in built):
+        cuda = toolchain.nvcc_release(info)
+    elif any(pkg.needs_torch for pkg in built):
+        cuda = torch.get("cuda") or ""
+    against_torch = any(pkg.pins_torch for pkg in built)  # torch_unpinned: the lock says any torch will do
+    try:
+        glibc = info["python"].get("glibc") or os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        glibc = ""
+    runtime = runtime_section(ctx)
+    cuda_packages = {pkg.name for pkg in ctx.active if pkg.cuda}
+    return {
+        "format": preflight.SPEC_FORMAT,
+        "archs": list(ctx.lock.toolchain.archs),
+        "build": {
+            "cuda": cuda,
+            "torch": torch.get("version", "") if against_torch else "",
+            "torch_cuda": (torch.get("cuda") or "") if against_torch else "",
+            "torch_cxx11_abi": torch.get("cxx11_abi") if against_torch else None,
+            "glibc": glibc.split()[-1] if glibc.startswith("glibc") else "",
+            "machine": platform.machine(),
+        },
+        "provided": list(runtime["provided"]) if runtime else [],
+        "wheels": [
+            {"filename": r.filename, "package": r.package, "cuda": r.package in cuda_packages, "origin": r.origin}
+            for r in sorted(records, key=lambda r: r.filename)
+        ],
+    }
 
 
 def assemble(ctx: Context) -> list[index.WheelRecord]:
@@ -139,6 +193,8 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         rmtree(out / provenance.DIRECTORY)
         for rel, text in attest.files(ctx, records).items():
             write_atomic(out / rel, text)
+        write_atomic(out / PREFLIGHT_SCRIPT, PREFLIGHT_SOURCE.read_text())
+        write_atomic(out / PREFLIGHT_SPEC, json.dumps(preflight_spec(ctx, records), indent=2, sort_keys=True) + "\n")
         # The manifest goes last: its presence means the wheelhouse is complete.
         write_atomic(
             out / "manifest.json",
@@ -161,7 +217,8 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         print(f"  + the runtime closure: {closure_count} wheel(s), {closure_mb:.1f} MB", flush=True)
     print(
         f"wheelhouse {out}: {len(records)} wheel(s), manifest.json, requirements.txt, simple/, "
-        f"{provenance.SBOM_FILE}, {provenance.DIRECTORY}/",
+        f"{provenance.SBOM_FILE}, {provenance.DIRECTORY}/, {PREFLIGHT_SCRIPT} (on a node, before installing: "
+        f"python3 {out}/{PREFLIGHT_SCRIPT})",
         flush=True,
     )
     return records
@@ -246,8 +303,8 @@ def fetch_closure(ctx: Context, entries: Mapping[str, WheelEntry]) -> dict[str, 
         raise LockError(
             f"the runtime closure of {ctx.lock.path} does not cover the wheels it builds:\n  - "
             + "\n  - ".join(problems)
-            + "\nAdd what is missing to [runtime] requirements (or provided) and run `doit lock`; nothing was "
-            "written to wheels/."
+            + "\nRun `doit lock` (it takes the built wheels' requirements into the resolution), or add what is "
+            "missing to [runtime] requirements (or provided) first; nothing was written to wheels/."
         )
     found: dict[str, tuple[Path, str]] = {}
     store = ctx.cache.fetched

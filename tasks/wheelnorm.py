@@ -4,6 +4,12 @@ Entries sorted (``.dist-info`` last, ``RECORD`` at the very end), every
 timestamp set from ``SOURCE_DATE_EPOCH``, permissions reduced to 0644/0755,
 directory entries dropped, ``RECORD`` regenerated. The stdlib's zipfile is all
 this needs.
+
+Where the build stage asks, ``METADATA`` gains ``Requires-Dist`` lines before
+the wheel is written (the torch a torch extension was compiled against, see
+:func:`pin_requirements`): the lines go after the header's last one, so the
+same wheel and the same lines give the same bytes, and ``RECORD`` hashes the
+edited file.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import io
 import os
 import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 DEFAULT_EPOCH = 315532800  # 1980-01-01, the earliest time a zip can hold
@@ -37,8 +44,24 @@ def _order(name: str) -> tuple[int, str]:
     return (0, name)
 
 
-def normalize_wheel(src: Path, dest: Path, epoch: int | None = None) -> None:
-    """Write the normalised form of wheel ``src`` to ``dest``."""
+def add_requirements(metadata: bytes, requires: Sequence[str]) -> bytes:
+    """``METADATA`` with ``Requires-Dist: <line>`` for each of ``requires`` not there yet, at the header's end.
+
+    The header ends at the first empty line (the description follows it, RFC 822 style); a line already
+    present, character for character, is not repeated.
+    """
+    text = metadata.decode("utf-8")
+    head, sep, body = text.partition("\n\n")
+    lines = head.rstrip("\n").split("\n")
+    present = {line.strip() for line in lines}
+    new = [f"Requires-Dist: {r}" for r in requires if f"Requires-Dist: {r}" not in present]
+    if not new:
+        return metadata
+    return ("\n".join([*lines, *new]) + (sep + body if sep else "\n")).encode("utf-8")
+
+
+def normalize_wheel(src: Path, dest: Path, epoch: int | None = None, *, requires: Sequence[str] = ()) -> None:
+    """Write the normalised form of wheel ``src`` to ``dest``, with ``requires`` added to its Requires-Dist."""
     stamp = time.gmtime(max(epoch if epoch is not None else epoch_from_env(), DEFAULT_EPOCH))[:6]
     with zipfile.ZipFile(src) as zin:
         members = [i for i in zin.infolist() if not i.is_dir()]
@@ -64,6 +87,8 @@ def normalize_wheel(src: Path, dest: Path, epoch: int | None = None) -> None:
             with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zout:
                 for info in files:
                     data = zin.read(info)
+                    if requires and info.filename == record_name.rsplit("/", 1)[0] + "/METADATA":
+                        data = add_requirements(data, requires)
                     mode = (info.external_attr >> 16) & 0o777
                     out = zipfile.ZipInfo(info.filename, date_time=stamp)
                     out.compress_type = zipfile.ZIP_DEFLATED

@@ -390,3 +390,40 @@ def test_one_sha256_under_two_pins_is_refused(tmp_path: Path) -> None:
         f"[runtime.resolved] repro-round==0.1.0 has the sha256 {SHA256[:12]}… of the pin of repro-colors (one file "
         "is one wheel): re-pin with `doit lock update=runtime`" in str(err.value)
     )
+
+
+def test_a_package_building_against_torch_pins_it_unless_the_lock_says_why_not() -> None:
+    doc = good_doc()
+    doc["packages"]["fa3"]["build_requires"] = ["setuptools>=61", "torch"]
+    lock = parse(doc)
+    assert lock.packages["fa3"].pins_torch and not lock.packages["fa2"].pins_torch  # fa2 does not build against torch
+    doc["packages"]["fa3"]["torch_unpinned"] = "loads libtorch through its own stable C ABI"
+    assert not parse(doc).packages["fa3"].pins_torch
+    doc["packages"]["fa3"]["torch_unpinned"] = "ok"
+    doc["packages"]["fa2"]["torch_unpinned"] = "no torch here, but say it anyway"
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    text = str(err.value)
+    doc["packages"]["fa2"]["torch_unpined"] = "x"
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    text += str(err.value)
+    assert "[packages.fa3] torch_unpinned must say why the wheel may go beside another torch" in text
+    assert "[packages.fa2] torch_unpinned applies only to a package whose build_requires name torch" in text
+    assert "unknown key 'torch_unpined' (perhaps you meant 'torch_unpinned'?)" in text
+
+
+def test_a_runtime_without_python_or_requirements_is_left_for_doit_lock() -> None:
+    """[runtime] python is written by `doit lock` where missing; a section without requirements is resolved too
+    (the wheels' requirements), and base_python names the base's interpreter."""
+    doc = good_doc()
+    doc["runtime"] = {"requirements": [], "base_python": "python3"}
+    with pytest.raises(LockError):
+        parse(doc)
+    lock = parse(doc, require_pins=False)
+    assert lock.runtime is not None and lock.runtime.base_python == "python3"
+    assert any("python (the target's CPython) is not set yet" in u for u in lock.unpinned)
+    doc["runtime"]["python"] = "3.12"
+    assert any("the closure is not resolved" in u for u in parse(doc, require_pins=False).unpinned)
+    doc["runtime"]["resolved_from"] = parse(doc, require_pins=False).runtime.digest()
+    assert parse(doc).runtime.resolved == ()

@@ -51,3 +51,16 @@ def test_the_nvcc_used_is_keyed_by_its_resolved_path() -> None:
     a, b = _info("1.13.0"), _info("1.13.0", nvcc_path="/opt/cuda-13.0-other/bin/nvcc")
     assert fingerprint(a, cuda=True) != fingerprint(b, cuda=True)
     assert fingerprint(a) == fingerprint(b)  # a package without CUDA is keyed without nvcc
+
+
+def test_a_cpu_torch_is_refused_for_a_cuda_package_before_it_builds() -> None:
+    """One clear line, without [toolchain] torch_cuda, instead of a NameError deep in upstream's setup.py."""
+    from tasks.lockfile import Toolchain
+    from tasks.toolchain import toolchain_problems, torch_requirement
+
+    info = {"python": {"python": "3.12.3", "torch": {"version": "2.11.0+cpu", "cuda": None, "cxx11_abi": True}},
+            "tools": {"nvcc": "Cuda compilation tools, release 13.0, V13.0.88"}}  # fmt: skip
+    problems = toolchain_problems(Toolchain(), info, torch=True, cuda=True)
+    assert len(problems) == 1 and "torch 2.11.0+cpu is a CPU build (torch.version.cuda is None)" in problems[0]
+    assert toolchain_problems(Toolchain(), info, torch=True, cuda=False) == []  # a C++ torch extension: fine
+    assert torch_requirement(info) == "torch==2.11.0+cpu"

@@ -561,3 +561,23 @@ def test_provided_version_is_found_behind_another_copy(tmp_path: Path) -> None:
     pinned = ask({"repro-fake": "3.32.5"})
     assert pinned["version"] == "3.32.5" and pinned["location"] == os.path.realpath(dirs[1])
     assert ask({"repro-fake": "9.9"})["version"] == "4.2.11"  # no such copy: the first, and verify names the mismatch
+
+
+def test_the_closing_advice_names_the_real_cause() -> None:
+    """The environment, the lock's [runtime], the wheelhouse's files or the recipe: not always the recipe."""
+    from tasks.verify import advice
+
+    def fail(package: str, check: str, detail: str) -> Row:
+        return Row(package=package, check=check, status="FAIL", detail=detail)
+
+    env = advice([fail("wheelhouse", "venv", "the target must provide, but the base interpreter lacks: torch "
+                       "(not installed for /usr/bin/python3)")])  # fmt: skip
+    assert env.startswith("The environment:") and "recipe" not in env
+    runtime = advice([fail("ext", "deps", "unmet: packaging (only in /x/.venv/lib/python3.12/site-packages, ...)"),
+                      fail("ext", "import", "ModuleNotFoundError: No module named 'packaging'")])  # fmt: skip
+    assert runtime.startswith("The lock's [runtime]:") and "recipe" not in runtime
+    assert advice([fail("wheelhouse", "pip-check", "a 1 has requirement b<2, but you have b 2")]).startswith(
+        "The lock's [runtime]:"
+    )
+    assert "recipe or patches" in advice([fail("ext", "symbols", "undefined: _ZN3c104impl")])
+    assert advice([fail("wheelhouse", "sha256", "x.whl: sha256 differs")]).startswith("The wheelhouse's files")

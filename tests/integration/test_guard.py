@@ -1,0 +1,254 @@
+"""Wheels that refuse to go where they cannot work (issue 31): the torch a wheel was compiled against is in
+its metadata, and plain pip, offline, refuses to install it beside another torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Workspace, make_workspace
+from fake_wheels import make_wheel
+from make_fixtures import RUNTIME_WHEELS, simple_index, write_wheel
+from serve import FixtureServer
+
+from tasks.lockfile import load_lock
+from tasks.treehash import file_sha256
+
+pytestmark = pytest.mark.integration
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        return zf.read(name).decode()
+
+
+def _pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pip as a user on an offline node runs it: no configuration of this machine (its find-links, its index)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, check=False, env=env)  # fmt: skip
+
+
+@pytest.mark.needs_torch
+def test_the_torch_extension_pins_its_torch_and_pip_refuses_another(workspace: Workspace, tmp_path: Path) -> None:
+    ws = workspace
+    res = ws.doit("build:repro_torchext")
+    wheel = next((ws.cache / "wheels").glob("*/*/repro_torchext-*.whl"))
+    built_with = _torch_version()  # this interpreter's torch: the one the build compiled against
+    assert f"Requires-Dist: torch=={built_with}\n" in _metadata(wheel), res.stdout
+    log = (ws.root / "build" / "logs" / "build-repro_torchext.log").read_text()
+    assert f"added to the wheel's METADATA: Requires-Dist: torch=={built_with}" in log
+
+    # Offline, as a user installs: a find-links directory with our wheel and a torch of another version.
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / wheel.name).write_bytes(wheel.read_bytes())
+    public = built_with.split("+")[0]
+    other = f"{public}+cu999" if "+" in built_with else f"{public}+cpu"  # same public version, other label
+    make_wheel(tmp_path / "torches", "torch", other, "py3-none-any", {"torch/__init__.py": b""})
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=True).create(env)
+    python = env / "bin" / "python"
+    assert _pip(python, "install", "--no-index", "--find-links", str(tmp_path / "torches"), "torch").returncode == 0
+    refused = _pip(python, "install", "--no-index", "--find-links", str(links), "repro_torchext")
+    assert refused.returncode != 0
+    assert f"torch=={built_with}" in refused.stdout + refused.stderr, refused.stderr
+    assert _pip(python, "show", "repro_torchext").returncode != 0  # nothing installed
+    # Beside the torch it was built against (a fixture of that exact version), pip installs it.
+    same = make_wheel(tmp_path / "same", "torch", built_with, "py3-none-any", {"torch/__init__.py": b""})
+    assert _pip(python, "install", "--no-index", str(same)).returncode == 0
+    done = _pip(python, "install", "--no-index", "--find-links", str(links), "repro_torchext")
+    assert done.returncode == 0, done.stderr
+
+
+def _profile_without(ws: Workspace, name: str, *left_out: str) -> None:
+    ws.lock.write_text(ws.lock.read_text() + f"\n[profiles.{name}]\n" + "".join(
+        f"[profiles.{name}.packages.{p}]\nenabled = false\n" for p in left_out))  # fmt: skip
+
+
+@pytest.mark.needs_torch
+def test_preflight_checks_the_node_against_the_wheelhouse_it_ships_in(workspace: Workspace, tmp_path: Path) -> None:
+    """`doit wheels` ships the checker; `doit preflight` and the shipped copy (no checkout, plain Python) agree."""
+    ws = workspace
+    _profile_without(ws, "guard", "repro_pybind", "repro_cuda")
+    ws.doit("wheels", "profile=guard")
+    spec = json.loads((ws.wheels / "preflight.json").read_text())
+    assert spec["archs"] == ["sm_90a"] and spec["build"]["torch"] == _torch_version()
+    assert (ws.wheels / "preflight.py").read_bytes() == (REPO / "tasks" / "preflight.py").read_bytes()
+    ws.doit("verify", "profile=guard")  # what doit wheels writes is the wheelhouse's own (the contents row)
+
+    ws.env_extra["REPRO_LIBCUDA"] = str(tmp_path / "no-driver" / "libcuda.so.1")  # no driver, whatever the host
+    res = ws.doit("preflight", "profile=guard", check=False)
+    assert res.returncode == 21, res.stdout + res.stderr
+    said = [ln for ln in res.stdout.splitlines() if "no NVIDIA driver" in ln]
+    assert len(said) == 1 and said[0].startswith("FAIL  driver"), res.stdout
+    for name in ("python", "glibc", "torch", "provided"):
+        assert re.search(rf"^PASS  {name} ", res.stdout, flags=re.M), res.stdout
+    report = json.loads((ws.root / "build" / "preflight" / "report.json").read_text())
+    assert report["ok"] is False and [c["check"] for c in report["checks"] if c["status"] == "FAIL"] == ["driver"]
+    assert "PreflightFailed: this node cannot take the wheels" in res.stderr
+    assert ws.doit("preflight", "profile=guard", "gpu=off").returncode == 0
+
+    # On a node: the shipped copy alone, outside any checkout, under an isolated interpreter.
+    node = tmp_path / "node"
+    shutil.copytree(ws.wheels, node / "wheels")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRO_", "PYTHON"))}
+    env["REPRO_LIBCUDA"] = ws.env_extra["REPRO_LIBCUDA"]
+    shipped = [sys.executable, "-I", "wheels/preflight.py", "--json", "report.json"]
+    res2 = subprocess.run(shipped, cwd=node, env=env, capture_output=True, text=True, check=False)
+    assert res2.returncode == 21 and "no NVIDIA driver found" in res2.stdout, res2.stdout + res2.stderr
+    res3 = subprocess.run([*shipped, "--gpu", "off"], cwd=node, env=env, capture_output=True, text=True, check=False)
+    assert res3.returncode == 0, res3.stdout + res3.stderr
+    assert json.loads((node / "report.json").read_text())["ok"] is True
+
+
+# The huggingface-hub case of issue 31, in small: the base holds repro-sentence 6.0.1, which requires
+# repro-hub<2.0.0,>=1.3.0; a closure resolved without regard for it brings repro-hub 2.4.0.
+HUB_WHEELS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
+    "repro-hub": {"1.5.0": ((), "V = 1\n"), "2.4.0": ((), "V = 2\n")},
+    "repro-sentence": {"6.0.1": (("repro-hub<2.0.0,>=1.3.0",), "S = 1\n")},
+    "repro-hubuser": {"1.0.0": (("repro-hub",), "U = 1\n")},  # takes the newest hub it finds
+    "repro-newthing": {"1.0.0": (("repro-hub>=2",), "N = 1\n")},  # needs the new hub
+}
+
+
+def _hub_index(published: Path, dest: Path) -> Path:
+    """The published fixtures plus the hub projects, on one index."""
+    shutil.copytree(published, dest)
+    projects: dict[str, dict[str, str]] = {}
+    for project, versions in {**RUNTIME_WHEELS, **HUB_WHEELS}.items():
+        for version, (requires, code) in versions.items():
+            name, digest = write_wheel(dest / "packages", project, version, requires, code)
+            projects.setdefault(project, {})[name] = digest
+    projects["repro-cuda"] = {"repro_cuda-0.1.0.tar": file_sha256(dest / "packages" / "repro_cuda-0.1.0.tar")}
+    simple_index(dest, projects)
+    return dest
+
+
+def _base(root: Path, index: Path, *dists: str) -> Path:
+    """A base interpreter (a venv with pip) holding ``dists`` (name==version), installed offline from ``index``."""
+    venv.EnvBuilder(with_pip=True).create(root)
+    python = root / "bin" / "python"
+    if dists:
+        res = _pip(python, "install", "--no-index", "--no-deps", "--find-links", str(index / "packages"), *dists)
+        assert res.returncode == 0, res.stderr
+    return python
+
+
+def _runtime(ws: Workspace, body: str) -> None:
+    """The example lock's [runtime] replaced by ``body``, with a profile of its pure-Python package only."""
+    text = re.sub(r"\n\[runtime\]\n.*?\n(?=\n\[profiles\.quick\])", "\n[runtime]\n" + body, ws.lock.read_text(),
+                  flags=re.S)  # fmt: skip
+    ws.lock.write_text(text)
+    _profile_without(ws, "pure", "repro_pybind", "repro_cuda", "repro_torchext")
+
+
+def test_the_closure_keeps_the_base_whole(tmp_path: Path, published: Path) -> None:
+    """`doit lock` captures the provided set from the base's interpreter and resolves around every requirement
+    of what the base holds: it keeps the base's hub, and refuses a closure that needs a hub the base cannot
+    take, naming both distributions and versions."""
+    index = _hub_index(published, tmp_path / "served")
+    with FixtureServer(index) as srv:
+        ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+        base = _base(tmp_path / "base", index, "repro-sentence==6.0.1", "repro-hub==1.5.0")
+        _runtime(ws, f'requirements = ["repro-hubuser", "repro-greeting>=0.3"]\nbase_python = "{base}"\n')
+        res = ws.doit("lock")
+        runtime = load_lock(ws.lock, require_pins=False).runtime
+        assert runtime is not None
+        provided = dict(runtime.provided)
+        assert provided["repro-sentence"] == "6.0.1" and provided["repro-hub"] == "1.5.0", res.stdout
+        assert runtime.python == f"{sys.version_info[0]}.{sys.version_info[1]}"  # written: the base's
+        assert "repro-hub" not in {p.name for p in runtime.resolved}  # the base's 1.5.0 stays, untouched
+        assert "repro-hubuser" in {p.name for p in runtime.resolved}
+
+        # A requirement that needs the new hub: refused, naming both distributions and versions.
+        ws.edit_lock('requirements = ["repro-hubuser",', 'requirements = ["repro-newthing",')
+        before = ws.lock.read_text()
+        res = ws.doit("lock", check=False)
+        assert res.returncode == 11, res.stdout + res.stderr
+        said = res.stderr
+        assert "repro-newthing 1.0.0 depends on repro-hub>=2" in said, said
+        assert "repro-sentence 6.0.1 (installed in the base) requires repro-hub<2.0.0,>=1.3.0" in said
+        assert "the base holds repro-hub 1.5.0, which the closure may not replace" in said
+        assert ws.lock.read_text() == before  # nothing pinned
+
+
+def test_verify_runs_pip_check_over_base_and_wheelhouse(tmp_path: Path, published: Path) -> None:
+    """The old way (a hand-written provided set) brings repro-hub 2.4.0 beside a base holding repro-sentence:
+    verify's pip check over base plus wheelhouse fails, naming both."""
+    from tasks.verify import verify_wheelhouse
+
+    index = _hub_index(published, tmp_path / "served")
+    with FixtureServer(index) as srv:
+        ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+        _runtime(ws, 'requirements = ["repro-hubuser", "repro-greeting>=0.3"]\nprovided = []\npython = "3.11"\n')
+        ws.doit("lock")
+        ws.doit("wheels", "profile=pure")
+    base = _base(tmp_path / "base", index, "repro-sentence==6.0.1", "repro-hub==1.5.0")
+    report = verify_wheelhouse(ws.wheels, tmp_path / "verify", python=str(base), gpu="off")
+    row = next(r for r in report.rows if r.check == "pip-check")
+    assert row.status == "FAIL", report.render()
+    assert "repro-sentence 6.0.1 has requirement repro-hub<2.0.0,>=1.3.0, but you have repro-hub 2.4.0" in row.detail
+
+
+def test_plain_verify_does_not_count_the_tools_own_venv(tmp_path: Path, published: Path) -> None:
+    """Without [runtime], a wheel needing what only doit's own venv has (packaging) is not passed: the
+    wheelhouse's own install command would not find it offline."""
+    index = _hub_index(published, tmp_path / "served")
+    with FixtureServer(index) as srv:
+        ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+        text = re.sub(r"\n\[runtime\]\n.*?\n(?=\n\[profiles\.quick\])", "\n", ws.lock.read_text(), flags=re.S)
+        patches = 'patches = ["0001-patched-message.patch", "0002-needs-tomlkit.patch"]'
+        ws.lock.write_text(text.replace('patches = ["0001-patched-message.patch"]', patches))
+        # repro_pure then needs tomlkit, which only this tool's own venv holds here (not the base interpreter).
+        (ws.root / "patches" / "repro_pure" / "0002-needs-tomlkit.patch").write_text(
+            '--- a/pyproject.toml\n+++ b/pyproject.toml\n@@ -9,5 +9,5 @@\n requires-python = ">=3.8"\n'
+            " # What it needs at run time comes from the example lock's runtime closure "
+            "(tests/fixtures/make_fixtures.py).\n"
+            '-dependencies = ["repro-colors>=1.0"]\n+dependencies = ["tomlkit"]\n \n [tool.setuptools]\n'
+        )
+        _profile_without(ws, "pure", "repro_pybind", "repro_cuda", "repro_torchext")
+        ws.doit("wheels", "profile=pure")
+    res = ws.doit("verify", "profile=pure", "gpu=off", check=False)
+    assert res.returncode == 17, res.stdout + res.stderr
+    assert re.search(r"repro_pure\s+deps\s+FAIL\s+unmet: tomlkit \(only in \S+, the verifying tool", res.stdout), (
+        res.stdout
+    )
+    assert "The lock's [runtime]: add what is missing" in res.stderr
+    assert "recipe or patches" not in res.stderr
+
+
+def test_a_runtime_without_requirements_or_python_takes_the_wheels_requirements(workspace: Workspace) -> None:
+    """[runtime] python defaults to this interpreter's (written by `doit lock`); with requirements = [] the
+    built wheels' Requires-Dist are the closure's requirements."""
+    ws = workspace
+    _runtime(ws, 'requirements = []\nprovided = ["torch"]\n')
+    res = ws.doit("lock")
+    runtime = load_lock(ws.lock, require_pins=False).runtime
+    assert runtime is not None and runtime.python == f"{sys.version_info[0]}.{sys.version_info[1]}", res.stdout
+    assert "this interpreter's" in res.stdout and runtime.resolved == ()
+    res = ws.doit("wheels", "profile=pure", check=False)  # repro_pure needs repro-colors: not pinned yet
+    assert res.returncode == 11 and "repro_pure requires repro-colors>=1.0 (not in the closure)" in res.stderr
+    assert "Run `doit lock` (it takes the built wheels' requirements into the resolution)" in res.stderr
+    res = ws.doit("lock")  # its wheel is in the cache now: its requirements enter the resolution
+    assert "resolved again: the built wheels need repro-colors>=1.0" in res.stdout, res.stdout
+    runtime = load_lock(ws.lock, require_pins=False).runtime
+    assert runtime is not None and [p.name for p in runtime.resolved] == ["repro-colors"]
+    ws.doit("wheels", "profile=pure")
+    assert "pinned (1 distributions)" in ws.doit("lock").stdout

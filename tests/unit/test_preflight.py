@@ -1,0 +1,232 @@
+"""`doit preflight` (tasks/preflight.py): each check against fixtures: a fake libcuda compiled here, fixture
+wheels with other archs and tags, fixture interpreters holding a torch of another version, CUDA or ABI.
+
+The checker runs as the node runs it: the shipped copy, standalone, in a directory of its own, under a
+plain interpreter, with the fake driver found through LD_LIBRARY_PATH."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, require
+from fake_wheels import make_wheel
+
+from tasks import preflight
+from tasks.wheelnorm import normalize_wheel
+
+SOURCE = REPO / "tasks" / "preflight.py"
+TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+PLATFORM = f"linux_{platform.machine()}"
+
+
+@pytest.fixture(scope="session")
+def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding libcuda.so.1, compiled from tests/fixtures/fake_libcuda.c."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        require("no C compiler (gcc): the test compiles a fake libcuda.so.1")
+    out = tmp_path_factory.mktemp("driver")
+    src = REPO / "tests" / "fixtures" / "fake_libcuda.c"
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(out / "libcuda.so.1"), str(src)], check=True)
+    return out
+
+
+def _site(prefix: Path) -> Path:
+    return next(prefix.glob("lib/python*/site-packages"))
+
+
+def _install(wheel: Path, site: Path) -> None:
+    """A wheel unpacked into site-packages is what pip installs, for importlib.metadata and import."""
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+
+
+def target(tmp: Path, *, torch: tuple[str, str | None, bool] | None, dists: dict[str, str] | None = None) -> Path:
+    """An interpreter (a venv) whose torch is a fixture distribution named torch: (version, CUDA, C++11 ABI)."""
+    env = tmp / "target"
+    venv.EnvBuilder(with_pip=False).create(env)
+    site, files = _site(env), tmp / "dists"
+    if torch is not None:
+        version, cuda, abi = torch
+        code = {
+            "torch/__init__.py": f"from torch import version, _C\n__version__ = {version!r}\n".encode(),
+            "torch/version.py": f"cuda = {cuda!r}\n".encode(),
+            "torch/_C.py": f"_GLIBCXX_USE_CXX11_ABI = {abi!r}\n".encode(),
+        }
+        _install(make_wheel(files, "torch", version, "py3-none-any", code), site)
+    for name, version in (dists or {}).items():
+        _install(make_wheel(files, name, version, "py3-none-any", {f"{name}_mod.py": b""}), site)
+    return env / "bin" / "python"
+
+
+def house(tmp: Path, *, wheels: list[tuple[str, str, bool]], torch_pin: str = "", **spec: Any) -> Path:
+    """A wheelhouse: (project, tag, cuda) wheels, the shipped checker and preflight.json (``spec`` over defaults)."""
+    out = tmp / "wheels"
+    out.mkdir(parents=True)
+    shutil.copy(SOURCE, out / "preflight.py")
+    entries = []
+    for project, tag, cuda in wheels:
+        raw = make_wheel(tmp / "raw", project, "0.1.0", tag, {f"{project}/__init__.py": b""})
+        normalize_wheel(raw, out / raw.name, requires=[f"torch=={torch_pin}"] if torch_pin else [])
+        entries.append({"filename": raw.name, "package": project, "cuda": cuda, "origin": "built"})
+    doc: dict[str, Any] = {
+        "format": preflight.SPEC_FORMAT,
+        "archs": ["sm_90a"],
+        "build": {"cuda": "13.0", "torch": torch_pin, "torch_cuda": "13.0" if torch_pin else "",
+                  "torch_cxx11_abi": True if torch_pin else None, "glibc": "2.17", "machine": platform.machine()},
+        "provided": [],
+        "wheels": entries,
+    }  # fmt: skip
+    for key, value in spec.items():
+        if key in doc["build"]:
+            doc["build"][key] = value
+        else:
+            doc[key] = value
+    (out / "preflight.json").write_text(json.dumps(doc))
+    return out
+
+
+def run(wheels: Path, python: Path | None, driver: Path | None, **env: str) -> tuple[int, str, dict[str, Any]]:
+    """The shipped checker as a node runs it; (exit status, output, JSON report)."""
+    variables = {k: v for k, v in os.environ.items() if not k.startswith(("REPRO_", "FAKE_CUDA"))}
+    variables["LD_LIBRARY_PATH"] = str(driver) if driver else ""
+    if driver is None:
+        variables["REPRO_LIBCUDA"] = str(wheels / "no-such-dir" / "libcuda.so.1")  # wherever this test runs
+    variables.update(env)
+    report = wheels.parent / "report.json"
+    argv = [sys.executable, "-I", str(wheels / "preflight.py"), "--json", str(report)]
+    res = subprocess.run([*argv, *(["--python", str(python)] if python else [])], capture_output=True, text=True,
+                         env=variables, cwd=wheels.parent, stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    doc = json.loads(report.read_text()) if report.is_file() else {}
+    return res.returncode, res.stdout + res.stderr, doc
+
+
+def status(doc: dict[str, Any], name: str) -> str:
+    return str(next(c["status"] for c in doc["checks"] if c["check"] == name))
+
+
+def line(output: str, name: str) -> str:
+    return next(ln for ln in output.splitlines() if ln[6:].startswith(name + " "))
+
+
+def test_the_checker_is_standard_library_python_3_8() -> None:
+    """It runs on the node's own Python: 3.8 syntax, standard library imports only."""
+    tree = ast.parse(SOURCE.read_text(), feature_version=(3, 8))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert imported - {"__future__"} <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    for node in ast.walk(tree):  # no 3.9+ builtins used at run time (annotations are strings: __future__)
+        if isinstance(node, ast.Attribute):
+            assert node.attr not in ("removeprefix", "removesuffix", "is_relative_to"), node.attr
+
+
+def test_without_a_driver_it_says_so_in_one_line(tmp_path: Path) -> None:
+    wheels = house(tmp_path, wheels=[("ext", f"{TAG}-{TAG}-{PLATFORM}", True)])
+    code, out, doc = run(wheels, None, None)
+    assert code == preflight.EXIT_FAILED == 21
+    said = [ln for ln in out.splitlines() if "no NVIDIA driver" in ln]
+    assert len(said) == 1 and said[0].startswith("FAIL  driver")
+    assert "needed: CUDA >= 13.0 (the wheels were built with CUDA 13.0)" in said[0]
+    assert status(doc, "driver") == "FAIL" and status(doc, "gpu") == "SKIP" and doc["ok"] is False
+    off = subprocess.run([sys.executable, "-I", str(wheels / "preflight.py"), "--gpu", "off"], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert off.returncode == 0 and "SKIP  driver    found: not asked (--gpu off)" in off.stdout  # a CPU-only node
+
+
+def test_driver_and_gpus_against_the_build_cuda_and_the_sass_archs(tmp_path: Path, fake_driver: Path) -> None:
+    wheels = house(tmp_path, wheels=[("ext", f"{TAG}-{TAG}-{PLATFORM}", True)])
+    code, out, doc = run(wheels, None, fake_driver, FAKE_CUDA_VERSION="13000", FAKE_CUDA_GPUS="9.0,9.0")
+    assert code == 0, out
+    assert "found: CUDA 13.0 (driver API 13000" in line(out, "driver")
+    assert "found: GPU 0 Fake GPU 0 sm_90; GPU 1 Fake GPU 1 sm_90; needed: SASS for it among the target archs sm_90a" \
+        in line(out, "gpu")  # fmt: skip
+    code, out, doc = run(wheels, None, fake_driver, FAKE_CUDA_VERSION="12080", FAKE_CUDA_GPUS="9.0")
+    assert code == 21 and status(doc, "driver") == "FAIL" and "found: CUDA 12.8" in line(out, "driver")
+    code, out, doc = run(wheels, None, fake_driver, FAKE_CUDA_VERSION="13000", FAKE_CUDA_GPUS="9.0,8.0")
+    assert code == 21 and "do not run on GPU 1 Fake GPU 1 sm_80" in line(out, "gpu")
+    code, out, doc = run(wheels, None, fake_driver, FAKE_CUDA_VERSION="13000", FAKE_CUDA_GPUS="10.0")
+    assert code == 21 and status(doc, "gpu") == "FAIL"  # sm_90a: 9.0 only
+    code, out, doc = run(wheels, None, fake_driver, FAKE_CUDA_VERSION="13000", FAKE_CUDA_GPUS="")
+    assert code == 21 and "no GPU visible to the driver (cuInit: 100)" in line(out, "gpu")
+    plain = house(tmp_path / "plain", wheels=[("ext", f"{TAG}-{TAG}-{PLATFORM}", True)], archs=["sm_90"])
+    assert run(plain, None, fake_driver, FAKE_CUDA_VERSION="13000", FAKE_CUDA_GPUS="9.0")[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("arch", "capability", "runs"),
+    [("sm_90a", (9, 0), True), ("sm_90a", (10, 0), False), ("sm_90", (9, 0), True), ("sm_80", (8, 6), True),
+     ("sm_80", (9, 0), False), ("sm_100f", (10, 3), True), ("sm_100a", (10, 3), False), ("sm_120", (10, 0), False)],
+)  # fmt: skip
+def test_which_sass_runs_on_which_gpu(arch: str, capability: tuple[int, int], runs: bool) -> None:
+    assert preflight.runs_on(arch, capability) is runs
+
+
+def test_python_and_glibc_against_the_wheels_tags(tmp_path: Path) -> None:
+    wheels = house(
+        tmp_path,
+        wheels=[("ok", f"{TAG}-{TAG}-manylinux_2_17_{platform.machine()}", False), ("other", "cp39-cp39-linux_x86_64",
+                False), ("newer", f"{TAG}-{TAG}-manylinux_2_99_{platform.machine()}", False)],
+        archs=[],
+    )  # fmt: skip
+    code, out, doc = run(wheels, None, None)
+    assert code == 21
+    assert status(doc, "driver") == "SKIP"  # the lock names no GPU archs
+    assert "no tag of theirs fits this interpreter: other-0.1.0-cp39-cp39-linux_x86_64.whl" in line(out, "python")
+    assert "needed: glibc >= 2.99" in line(out, "glibc") and "too old for: newer-0.1.0" in line(out, "glibc")
+    fits = house(tmp_path / "fits", wheels=[("ok", f"{TAG}-abi3-{PLATFORM}", False), ("pure", "py3-none-any", False)],
+                 archs=[])  # fmt: skip
+    code, out, doc = run(fits, None, None)
+    assert code == 0 and status(doc, "python") == "PASS" and status(doc, "glibc") == "PASS", out
+
+
+def test_the_installed_torch_against_the_wheels_pin(tmp_path: Path) -> None:
+    pin = "2.11.0+cu130"
+    wheels = house(tmp_path, wheels=[("ext", f"{TAG}-{TAG}-{PLATFORM}", False)], torch_pin=pin, archs=[])
+    good = target(tmp_path / "good", torch=(pin, "13.0", True))
+    code, out, _doc = run(wheels, good, None)
+    assert code == 0, out
+    assert "found: torch 2.11.0+cu130 (CUDA 13.0, C++11 ABI 1); needed: torch 2.11.0+cu130 (CUDA 13.0" in line(
+        out, "torch"
+    )
+    cases = {
+        "cpu": (("2.11.0+cpu", None, True), "version 2.11.0+cpu is not 2.11.0+cu130"),
+        "cuda": ((pin, "12.8", True), "CUDA 12.8 is not 13.0"),
+        "abi": ((pin, "13.0", False), "its C++ ABI differs"),
+    }
+    for name, (torch, said) in cases.items():
+        code, out, _doc = run(wheels, target(tmp_path / name, torch=torch), None)
+        assert code == 21 and said in line(out, "torch"), (name, out)
+    code, out, _doc = run(wheels, target(tmp_path / "none", torch=None), None)
+    assert code == 21 and "torch not installed for this interpreter" in line(out, "torch")
+
+
+def test_the_installed_packages_against_the_provided_set(tmp_path: Path) -> None:
+    wheels = house(tmp_path, wheels=[("pure", "py3-none-any", False)], archs=[],
+                   provided=["triton==3.6.0", "nvidia-nccl"])  # fmt: skip
+    code, out, _doc = run(wheels, target(tmp_path / "ok", torch=None, dists={"triton": "3.6.0", "nvidia-nccl": "2"}),
+                         None)  # fmt: skip
+    assert code == 0 and "found: triton 3.6.0; nvidia-nccl 2" in line(out, "provided"), out
+    code, out, _doc = run(wheels, target(tmp_path / "bad", torch=None, dists={"triton": "3.5.0"}), None)
+    assert code == 21 and "triton is 3.5.0, not 3.6.0; nvidia-nccl not installed" in line(out, "provided")
+
+
+def test_a_wheelhouse_without_its_description_is_exit_status_10(tmp_path: Path) -> None:
+    shutil.copy(SOURCE, tmp_path / "preflight.py")
+    res = subprocess.run([sys.executable, "-I", str(tmp_path / "preflight.py")], capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    assert res.returncode == 10 and "cannot read the wheelhouse's preflight.json" in res.stderr
