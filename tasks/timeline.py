@@ -46,6 +46,7 @@ class Outcome:
     object_hits: int = 0
     object_misses: int = 0
     wait_s: float = 0.0  # of wall_s: waiting for job slots (other builds held them)
+    escaped: dict[str, int] = field(default_factory=dict)  # compiler -> runs outside the gate
 
 
 def parse_ninja_log(text: str) -> list[Unit]:
@@ -107,6 +108,14 @@ def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path) -
     """Print the run's summary table of ``names``; write its timeline to ``trace`` when anything was built."""
     rows = [outcomes.get(n) or Outcome(package=n, status="cached") for n in names]
     print(summary_table(rows), flush=True)
+    for o in rows:
+        if o.escaped:
+            runs = ", ".join(f"{n} by {name}" for name, n in sorted(o.escaped.items()))
+            print(
+                f"warning: {o.package}: {sum(o.escaped.values())} compile(s) ran outside the gate and the object "
+                f"cache ({runs})",
+                flush=True,
+            )
     if any(o.status == "built" for o in rows):
         write_atomic(trace, trace_json(rows))
         print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)

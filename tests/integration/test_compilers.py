@@ -1,0 +1,68 @@
+"""Every compiler a build runs goes through the run's gate and the object cache, whatever it is called
+and wherever the build's paths are: target-prefixed names (Debian's Python has sysconfig CC
+``x86_64-linux-gnu-gcc``), compilers named by path, and workspace paths with spaces."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+from conftest import HAVE_NVCC, built_packages, make_workspace, object_counts
+
+
+def _units(ws_root: Path, package: str) -> list[str]:
+    """The units ``package`` started in the run's unit log (build/logs/units.log): each took a job token."""
+    log = ws_root / "build" / "logs" / "units.log"
+    return re.findall(rf"^\S+ start {package} (\S+) ", log.read_text(), flags=re.M) if log.exists() else []
+
+
+@pytest.mark.needs_headers  # compiles the pybind fixture
+def test_pybind_compiles_take_tokens_and_hit_the_object_cache_whatever_the_compiler_is_called(
+    tmp_path: Path, server: object
+) -> None:
+    # The name setuptools compiles with: sysconfig's CC (Debian's python3: x86_64-linux-gnu-gcc) and,
+    # whatever Python runs this, a target-prefixed gcc named in the environment, as a cross setup does.
+    multiarch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
+    prefixed = shutil.which(f"{multiarch}-gcc"), shutil.which(f"{multiarch}-g++")
+    if not all(prefixed):
+        pytest.skip(f"no {multiarch}-gcc and -g++ on PATH (Debian's gcc package installs them)")
+    cache = tmp_path / "cache"
+    for env in ({}, {"CC": f"{multiarch}-gcc", "CXX": f"{multiarch}-g++"}):
+        shutil.rmtree(cache, ignore_errors=True)
+        trees = []
+        for tree in ("one", "two"):  # the second build from a new tree, under another action key
+            ws = make_workspace(tmp_path / tree / str(len(env)), cache, server.url)  # type: ignore[attr-defined]
+            ws.env_extra.update(env)
+            if tree == "two":
+                ws.lock.write_text(
+                    ws.lock.read_text() + '\n[profiles.moved.packages.repro_pybind.env]\nX_UNUSED = "1"\n'
+                )
+            res = ws.doit("build:repro_pybind", *(["profile=moved"] if tree == "two" else []))
+            trees.append((ws, res))
+        (first, cold), (_, warm) = trees
+        assert object_counts(cold.stdout, "repro_pybind") == (0, 1), (env, cold.stdout)
+        units = _units(first.root, "repro_pybind")  # the compile, its preprocessor run and the link
+        assert "core.o" in units and any(u.startswith("_core.") and u.endswith(".so") for u in units), units
+        assert "outside the gate" not in cold.stdout + warm.stdout
+        assert object_counts(warm.stdout, "repro_pybind") == (1, 0), (env, warm.stdout)
+        log = (first.root / "build" / "logs" / "build-repro_pybind.log").read_text()
+        if env:
+            assert re.search(rf"^\s*{re.escape(multiarch)}-g(cc|\+\+) .* -c src/core\.cpp ", log, flags=re.M), log
+
+
+@pytest.mark.needs_headers
+def test_a_workspace_path_with_spaces_builds_compiled_packages(tmp_path: Path, server: object) -> None:
+    base = tmp_path / "My Builds"
+    ws = make_workspace(base / "ws", base / "the cache", server.url)  # type: ignore[attr-defined]
+    pkgs = ["repro_pybind", *(["repro_cuda"] if HAVE_NVCC else [])]
+    res = ws.doit("wheels", "profile=quick", f"pkgs={','.join(pkgs)}", f"builddir={base / 'build dir'}")
+    assert set(pkgs) <= set(built_packages(res.stdout)), res.stdout
+    assert object_counts(res.stdout, "repro_pybind") == (0, 1)  # (nvcc's one command for two sources: no cache)
+    units = (base / "build dir" / "logs" / "units.log").read_text()
+    for pkg in pkgs:  # compiled through the gate
+        assert re.search(rf"^\S+ start {pkg} ", units, flags=re.M), (pkg, units)
+    again = ws.doit("repro", "profile=quick", f"pkgs={','.join(pkgs)}", f"builddir={base / 'build dir'}")
+    assert f"{len(pkgs)} of {len(pkgs)} wheel(s) identical" in again.stdout, again.stdout
