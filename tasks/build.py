@@ -179,7 +179,7 @@ def compile_wheel(
     if escaped:
         with log.open("a") as fh:
             fh.write(
-                f"# but {sum(escaped.values())} compile(s) ran outside the gate and the object cache: "
+                f"# but {sum(escaped.values())} compile(s) seen running outside the gate and the object cache: "
                 f"{compilers.describe(escaped)}\n"
             )
     return Compiled(
@@ -325,9 +325,10 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
     )
     if built.escaped:
         print(
-            f"warning: {pkg.name}: {sum(n for _, n in built.escaped)} compile(s) ran outside the run's gate and "
-            f"object cache ({compilers.describe(dict(built.escaped))}): they took no job token and no memory "
-            f"admission, and were not cached; the build calls that compiler by a path of its own",
+            f"warning: {pkg.name}: {sum(n for _, n in built.escaped)} compile(s) seen running outside the run's "
+            f"gate and object cache ({compilers.describe(dict(built.escaped))}): they took no job token and no memory "
+            f"admission, and were not cached: the build runs it by a path of its own or a name the gate does not "
+            f"know (see docs/building.md)",
             flush=True,
         )
     if remote_failed:

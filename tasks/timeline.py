@@ -112,8 +112,8 @@ def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path) -
         if o.escaped:
             runs = ", ".join(f"{n} by {name}" for name, n in sorted(o.escaped.items()))
             print(
-                f"warning: {o.package}: {sum(o.escaped.values())} compile(s) ran outside the gate and the object "
-                f"cache ({runs})",
+                f"warning: {o.package}: {sum(o.escaped.values())} compile(s) seen running outside the gate and the "
+                f"object cache ({runs})",
                 flush=True,
             )
     if any(o.status == "built" for o in rows):

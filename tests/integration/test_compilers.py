@@ -4,13 +4,14 @@ and wherever the build's paths are: target-prefixed names (Debian's Python has s
 
 from __future__ import annotations
 
+import difflib
 import re
 import shutil
 import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import HAVE_NVCC, built_packages, make_workspace, object_counts
+from conftest import HAVE_NVCC, REPO, built_packages, make_workspace, object_counts
 
 
 def _units(ws_root: Path, package: str) -> list[str]:
@@ -66,3 +67,30 @@ def test_a_workspace_path_with_spaces_builds_compiled_packages(tmp_path: Path, s
         assert re.search(rf"^\S+ start {pkg} ", units, flags=re.M), (pkg, units)
     again = ws.doit("repro", "profile=quick", f"pkgs={','.join(pkgs)}", f"builddir={base / 'build dir'}")
     assert f"{len(pkgs)} of {len(pkgs)} wheel(s) identical" in again.stdout, again.stdout
+
+
+@pytest.mark.needs_headers
+def test_a_compiler_the_build_runs_by_its_own_path_is_reported_as_outside_the_gate(
+    tmp_path: Path, server: object
+) -> None:
+    # A setup.py that names its compiler by a path of its own: nothing can route that one.
+    gxx = shutil.which("g++")
+    assert gxx, "g++ is needed to build the fixtures"
+    own = str(Path(gxx).resolve())
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)  # type: ignore[attr-defined]
+    setup = (REPO / "tests" / "fixtures" / "src" / "repro_pybind" / "setup.py").read_text().splitlines(True)
+    patched = ["import os\n", f"os.environ['CXX'] = {own!r}\n", *setup]
+    patch = "".join(difflib.unified_diff(setup, patched, "a/setup.py", "b/setup.py"))
+    (ws.root / "patches" / "repro_pybind").mkdir(parents=True, exist_ok=True)
+    (ws.root / "patches" / "repro_pybind" / "0001-own-compiler.patch").write_text(patch)
+    ws.edit_lock('source = "repro-pybind"\n', 'source = "repro-pybind"\npatches = ["0001-own-compiler.patch"]\n')
+
+    res = ws.doit("build:repro_pybind")
+    assert object_counts(res.stdout, "repro_pybind") == (0, 0)
+    # The compile and, unless it ended between two samples, the link (setuptools links C++ with CXX too).
+    said = r"warning: repro_pybind: ([12]) compile\(s\) seen running outside the run's gate and object cache \(\1 by "
+    assert re.search(said + re.escape(f"{own})"), res.stdout), res.stdout
+    log = (ws.root / "build" / "logs" / "build-repro_pybind.log").read_text()
+    said = r"# but ([12]) compile\(s\) seen running outside the gate and the object cache: \1 by "
+    assert re.search(said + re.escape(f"{own}\n"), log), log
+    assert "core.o" not in _units(ws.root, "repro_pybind")
