@@ -6,8 +6,8 @@ A build reaches a compiler in one of three ways:
 - by a name looked up on ``PATH``: ``cc gcc c++ g++ nvcc clang clang++``, the names this Python gives
   setuptools (sysconfig's ``CC``, ``CXX``, ``LDSHARED``, ``LDCXXSHARED``: ``x86_64-linux-gnu-gcc`` on the
   distributions' own Python), the target-prefixed gcc and g++ of its ``MULTIARCH``, and names the
-  environment gives in ``CC``, ``CXX``, ``CUDAHOSTCXX`` or ``NVCC`` (CMake takes its compilers from
-  those variables, else from ``PATH``). An executable of the same name goes first on ``PATH``;
+  environment gives in ``CC``, ``CXX``, ``CUDAHOSTCXX``, ``NVCC``, ``LDSHARED`` or ``LDCXXSHARED`` (CMake
+  takes its compilers from the first three, else from ``PATH``). An executable of the same name goes first on ``PATH``;
 - by a path in one of those variables (``CXX=/opt/gcc/bin/g++`` on the GPU host): the variable is
   replaced by a script of the same name that runs the compiler through the gate and the cache;
 - by a path of the build's own (a ``setup.py`` that runs ``/usr/bin/gcc-12``): nothing can route that.
@@ -40,7 +40,7 @@ BY_NAME = ("cc", "gcc", "c++", "g++", "nvcc", "clang", "clang++")
 #: This Python's compiler commands: what setuptools compiles and links extensions with.
 SYSCONFIG_VARS = ("CC", "CXX", "LDSHARED", "LDCXXSHARED")
 #: The environment's compiler variables (setuptools, CMake, torch's cpp_extension, nvcc's host compiler).
-ENV_VARS = ("CC", "CXX", "CUDAHOSTCXX", "NVCC")
+ENV_VARS = ("CC", "CXX", "CUDAHOSTCXX", "NVCC", "LDSHARED", "LDCXXSHARED")
 #: Set by the gate for the compiler it runs and everything that compiler starts (see :class:`Watch`).
 GATED_MARK = "REPRO_GATED"
 #: Processes that do a compile's work, whatever the driver that started them is called.

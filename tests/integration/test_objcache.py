@@ -51,6 +51,7 @@ def test_bad_object_cache_settings_are_refused(tmp_path: Path, server: object) -
 
 
 @pytest.mark.needs_nvcc
+@pytest.mark.needs_torch  # builds the torch extension
 def test_compiler_named_by_path_in_cxx_is_cached_too(tmp_path: Path, server: object) -> None:
     # The GPU host sets CXX=/opt/gcc/bin/g++: CMake and torch's cpp_extension then call it by path,
     # past the PATH masquerade. The object cache must still see those compiles.
