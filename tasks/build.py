@@ -10,6 +10,7 @@ processes wanting the same key wait on a file lock and then reuse it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -164,9 +165,10 @@ def compile_wheel(
             fh.write(how + "\n")
     waits = out / "waits.log"
     env["REPRO_WAIT_LOG"] = str(waits)
-    watch = compilers.Watch()
+    # Compilers that escaped the gate (only where there is one: without it, none takes a token).
+    watch = compilers.Watch() if server.broker is not None else None
     try:
-        with server.slot(server.tokens_for(jobs), wait_log=waits), watch:
+        with server.slot(server.tokens_for(jobs), wait_log=waits), watch or contextlib.nullcontext():
             usage = run_build(
                 place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, progress=progress, watch=watch
             )
@@ -175,7 +177,7 @@ def compile_wheel(
             server.broker.finished(pkg.name)
             _record_units(ctx, pkg, server.broker.results(pkg.name), log)
     starved = server.broker.starved(pkg.name) if server.broker is not None else []
-    escaped = watch.escaped()
+    escaped = watch.escaped() if watch is not None else {}
     if escaped:
         with log.open("a") as fh:
             fh.write(
