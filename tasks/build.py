@@ -38,6 +38,7 @@ CLOSED_PROXY = "http://127.0.0.1:9"
 def build_env(ctx: Context, pkg: Package, jobs: int) -> dict[str, str]:
     env = ctx.host_env()  # with the hermetic toolchain's CUDA, when the lock pins one
     env = toolchain.cuda_env(env, ctx.toolchain)  # nvcc by its resolved path, whatever PATH reached it
+    env.pop(compilers.GATED_MARK, None)  # only the gate's compilers carry it (a run started inside a build)
     env.update(ctx.recipe_env(pkg))
     for name in pkg.jobs_env:
         env[name] = str(jobs)
