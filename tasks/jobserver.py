@@ -667,7 +667,13 @@ class JobServer:
             self.broker = Broker(self._fd, budget_mb=budget_mb, log=unit_log, slots=slots)
             source = Path(gate_module.__file__).read_text()
             call = f"\nraise SystemExit(main({self.broker.socket!r}, sys.argv[1:]))\n"
-            self.gate.write_text(f"#!{sys.executable} -IS\n" + source + call)
+            if compilers.has_space(sys.executable):  # a '#!' line cannot name it: a shell starts the gate
+                script = self.bin / "gate.py"
+                script.write_text(source + call)
+                quoted = f"{shlex.quote(sys.executable)} -IS {shlex.quote(str(script))}"
+                self.gate.write_text(f'#!/bin/sh\nexec {quoted} "$@"\n')
+            else:
+                self.gate.write_text(f"#!{sys.executable} -IS\n" + source + call)
             self.gate.chmod(0o755)
         atexit.register(self.close)
 

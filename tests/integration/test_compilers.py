@@ -5,13 +5,16 @@ and wherever the build's paths are: target-prefixed names (Debian's Python has s
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import HAVE_NVCC, REPO, built_packages, make_workspace, object_counts
+from conftest import HAVE_NVCC, REPO, built_packages, make_workspace, object_counts, scratch_venv
 
 
 def _units(ws_root: Path, package: str) -> list[str]:
@@ -94,3 +97,25 @@ def test_a_compiler_the_build_runs_by_its_own_path_is_reported_as_outside_the_ga
     said = r"# but ([12]) compile\(s\) seen running outside the gate and the object cache: \1 by "
     assert re.search(said + re.escape(f"{own}\n"), log), log
     assert "core.o" not in _units(ws.root, "repro_pybind")
+
+
+@pytest.mark.needs_headers
+def test_a_build_interpreter_under_a_path_with_spaces_runs_the_gate(tmp_path: Path, server: object) -> None:
+    # The gate is a script the compilers' launchers exec: a '#!' line cannot name an interpreter whose
+    # path has a space, so it must not be one.
+    python = scratch_venv(tmp_path / "My Tools" / "venv")
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)  # type: ignore[attr-defined]
+    env = ws.env()  # ninja >= 1.13 and ccache from this interpreter's environment, as the scratch one has none
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    res = subprocess.run(
+        [python, *ws.command("build:repro_pybind")[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert object_counts(res.stdout, "repro_pybind") == (0, 1), res.stdout
+    assert "core.o" in _units(ws.root, "repro_pybind")
