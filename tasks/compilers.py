@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shlex
 import shutil
 import sysconfig
@@ -45,6 +46,8 @@ ENV_VARS = ("CC", "CXX", "CUDAHOSTCXX", "NVCC", "LDSHARED", "LDCXXSHARED")
 GATED_MARK = "REPRO_GATED"
 #: Processes that do a compile's work, whatever the driver that started them is called.
 WORKERS = frozenset({"cc1", "cc1plus", "cc1obj", "lto1", "collect2", "cicc", "ptxas", "cudafe++"})
+#: clang compiles in its driver's own process (clang, clang++, clang-18), not in clang-format or clangd.
+_CLANG = re.compile(r"clang(\+\+)?(-\d+(\.\d+)*)?")
 
 
 def first_word(command: str) -> str:
@@ -149,11 +152,12 @@ class Watch:
                 self.scan()
 
     def scan(self) -> None:
+        """Look at the session's processes once."""
         table = {p.pid: p for p in procfs.processes()}
         for p in table.values():
             if p.sid != self.session or (p.pid, p.start) in self._seen:
                 continue
-            if p.name not in WORKERS and not p.name.startswith("clang"):
+            if p.name not in WORKERS and not _CLANG.fullmatch(p.name):
                 continue
             gated = _gated(p.pid)
             if gated is None:  # ended, or still starting: looked at again next time
