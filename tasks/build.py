@@ -10,6 +10,7 @@ processes wanting the same key wait on a file lock and then reuse it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,7 +20,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import builder, docker, jobserver, ninjaorder, objcache, plan, proc, reproducible, toolchain, workspace
+from tasks import (
+    builder,
+    compilers,
+    docker,
+    jobserver,
+    ninjaorder,
+    objcache,
+    plan,
+    proc,
+    reproducible,
+    toolchain,
+    workspace,
+)
 from tasks.cache import WheelEntry, rmtree
 from tasks.context import Context
 from tasks.errors import BuildError
@@ -37,6 +50,7 @@ CLOSED_PROXY = "http://127.0.0.1:9"
 def build_env(ctx: Context, pkg: Package, jobs: int) -> dict[str, str]:
     env = ctx.host_env()  # with the hermetic toolchain's CUDA, when the lock pins one
     env = toolchain.cuda_env(env, ctx.toolchain)  # nvcc by its resolved path, whatever PATH reached it
+    env.pop(compilers.GATED_MARK, None)  # only the gate's compilers carry it (a run started inside a build)
     env.update(ctx.recipe_env(pkg))
     for name in pkg.jobs_env:
         env[name] = str(jobs)
@@ -97,6 +111,8 @@ class Compiled:
     objects: objcache.Stats
     #: (start, end) wall-clock seconds the build waited for job slots that other builds held
     waits: tuple[tuple[float, float], ...] = ()
+    #: compiler -> how many of its runs escaped the gate and the object cache (tasks/compilers.py)
+    escaped: tuple[tuple[str, int], ...] = ()
 
 
 def compile_wheel(
@@ -164,21 +180,31 @@ def compile_wheel(
             fh.write(how + "\n")
     waits = out / "waits.log"
     env["REPRO_WAIT_LOG"] = str(waits)
+    # Compilers that escaped the gate (only where there is one: without it, none takes a token).
+    watch = compilers.Watch() if server.broker is not None else None
     try:
-        with server.slot(server.tokens_for(jobs), wait_log=waits):
+        with server.slot(server.tokens_for(jobs), wait_log=waits), watch or contextlib.nullcontext():
             usage = run_build(
-                place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, progress=progress
+                place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, progress=progress, watch=watch
             )
     finally:
         if server.broker is not None:  # what each unit held, failed builds' too (a unit killed for memory)
             server.broker.finished(pkg.name)
             _record_units(ctx, pkg, server.broker.results(pkg.name), log)
     starved = server.broker.starved(pkg.name) if server.broker is not None else []
+    escaped = watch.escaped() if watch is not None else {}
+    if escaped:
+        with log.open("a") as fh:
+            fh.write(
+                f"# but {sum(escaped.values())} compile(s) seen running outside the gate and the object cache: "
+                f"{compilers.describe(escaped)}\n"
+            )
     return Compiled(
         wheel=_normalised(raw, out, pkg, log, ctx.requires_added(pkg)),
         usage=usage,
         objects=objcache.stats(stats_log),
         waits=tuple(read_waits(waits)) + tuple(starved),
+        escaped=tuple(sorted(escaped.items())),
     )
 
 
@@ -306,6 +332,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 object_hits=hits,
                 object_misses=misses,
                 wait_s=interval_union(built.waits, wall_start, wall_start + seconds),
+                escaped=dict(built.escaped),
             )
         )
         # For the next forecast (tasks/plan.py): the part of the wall time its compiles ran or waited.
@@ -323,6 +350,14 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
         f"{usage.max_rss_mb:.0f} MB, object cache {hits} hits / {misses} misses): {entry.path.name}",
         flush=True,
     )
+    if built.escaped:
+        print(
+            f"warning: {pkg.name}: {sum(n for _, n in built.escaped)} compile(s) seen running outside the run's "
+            f"gate and object cache ({compilers.describe(dict(built.escaped))}): they took no job token and no memory "
+            f"admission, and were not cached: the build runs it by a path of its own or a name the gate does not "
+            f"know (see docs/building.md)",
+            flush=True,
+        )
     if remote_failed:
         shared = " and not uploaded" if ctx.settings.remote_write else ""
         print(
@@ -353,8 +388,15 @@ def run_build(
     log: Path,
     pkg: Package,
     progress: Progress | None = None,
+    watch: compilers.Watch | None = None,
 ) -> proc.Usage:
     """Run the build command; a compiler killed for memory is reported as that, not as a compile error."""
+
+    def started(pid: int) -> None:
+        for each in (progress, watch):
+            if each is not None:
+                each.started(pid)
+
     try:
         return proc.run(
             cmd,
@@ -364,7 +406,7 @@ def run_build(
             error=BuildError,
             what=f"build of {pkg.name}",
             on_line=progress.feed if progress else None,
-            on_start=progress.started if progress else None,
+            on_start=started,
         )
     except BuildError as exc:
         text = log.read_text(errors="replace")

@@ -221,6 +221,8 @@ def main(sock_path: str, args: list[str]) -> int:
     if not args:
         print("usage: gate COMMAND [ARGS...]", file=sys.stderr)
         return 2
+    # Marks the compiler and what it starts as run by a gate (tasks/compilers.py's watch looks for it).
+    os.environ["REPRO_GATED"] = "1"
     if os.environ.get("REPRO_GATE_HELD"):  # a compiler started by one holding a token runs on it
         os.execvp(args[0], args)
     unit = unit_name(args)

@@ -54,8 +54,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks import compilers, ninjaorder
 from tasks import gate as gate_module
-from tasks import ninjaorder
 from tasks.cache import write_atomic
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
@@ -569,10 +569,6 @@ def priority(times: dict[str, float], slots: int) -> float:
     return round(max(times.values()) + sum(times.values()) / max(1, slots), 1)
 
 
-#: The compilers gated by name on PATH where no ccache does it (tasks/objcache.py masquerades the same names).
-GATED = ("cc", "gcc", "c++", "g++", "nvcc")
-
-
 @dataclass(frozen=True)
 class Budget:
     """How many compiler jobs may run at once, and why."""
@@ -636,8 +632,8 @@ class JobServer:
         """``slots`` tokens; the gate admits units against ``mem_budget_gb`` (None: tokens only) and logs
         each unit's start and end to ``unit_log``. ``ninja``: :func:`find_ninja`'s answer, if known."""
         self.slots = slots
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        # make and ninja split MAKEFLAGS (the fifo's path) on spaces, build scripts the gate's scripts' paths
+        self.directory = directory = compilers.spaceless_dir(directory, "reprostack-jobserver-")
         self.fifo = directory / f"jobserver-{os.getpid()}.fifo"
         self.fifo.unlink(missing_ok=True)
         os.mkfifo(self.fifo, 0o600)
@@ -671,7 +667,13 @@ class JobServer:
             self.broker = Broker(self._fd, budget_mb=budget_mb, log=unit_log, slots=slots)
             source = Path(gate_module.__file__).read_text()
             call = f"\nraise SystemExit(main({self.broker.socket!r}, sys.argv[1:]))\n"
-            self.gate.write_text(f"#!{sys.executable} -IS\n" + source + call)
+            if compilers.has_space(sys.executable):  # a '#!' line cannot name it: a shell starts the gate
+                script = self.bin / "gate.py"
+                script.write_text(source + call)
+                quoted = f"{shlex.quote(sys.executable)} -IS {shlex.quote(str(script))}"
+                self.gate.write_text(f'#!/bin/sh\nexec {quoted} "$@"\n')
+            else:
+                self.gate.write_text(f"#!{sys.executable} -IS\n" + source + call)
             self.gate.chmod(0o755)
         atexit.register(self.close)
 
@@ -711,6 +713,7 @@ class JobServer:
         path = out.get("PATH", "")
         targets = self._gated(out)
         scripts = {name: f'#!/bin/sh\nexec {shlex.quote(gate)} {target} "$@"\n' for name, target in targets.items()}
+        by_path = {var: f"{var.lower()}-by-path" for var in compilers.by_path(out)}
         digest = hashlib.sha256(json.dumps(scripts, sort_keys=True).encode()).hexdigest()[:16]
         gated = self.bin / f"gated-{digest}"
         if not gated.is_dir():
@@ -724,8 +727,8 @@ class JobServer:
             except OSError:  # another build of this run wrote the same scripts first
                 shutil.rmtree(tmp, ignore_errors=True)
         out["PATH"] = os.pathsep.join([str(gated), path])
-        if "cxx-by-path" in scripts:
-            out["CXX"] = str(gated / "cxx-by-path")
+        for var, name in by_path.items():
+            out[var] = str(gated / name)
         if "nvcc" in scripts:  # torch's cpp_extension runs $CUDA_HOME/bin/nvcc by path otherwise
             out["PYTORCH_NVCC"] = str(gated / "nvcc")
         out.setdefault("CMAKE_CUDA_COMPILER_LAUNCHER", gate)
@@ -736,13 +739,12 @@ class JobServer:
     def _gated(env: dict[str, str]) -> dict[str, str]:
         """What the gate's compiler scripts run for ``env`` (without ccache): name -> command."""
         targets = {}
-        for name in GATED:
+        for name in compilers.names(env):
             found = shutil.which(name, path=env.get("PATH", ""))
             if found:
                 targets[name] = shlex.quote(os.path.abspath(found))
-        cxx = env.get("CXX", "")
-        if cxx and "/" in shlex.split(cxx)[0]:
-            targets["cxx-by-path"] = cxx
+        for var, command in compilers.by_path(env).items():
+            targets[f"{var.lower()}-by-path"] = command
         return targets
 
     def tokens_for(self, jobs: int) -> int:

@@ -6,21 +6,25 @@ every header it includes, so an edit to one patch hunk recompiles only the
 translation units that read the edited file; everything else is a hit, across
 packages and runs. It has no server to stop when a build is interrupted.
 
-How builds reach it, without touching upstream scripts:
+How builds reach it, without touching upstream scripts (tasks/compilers.py says which compilers):
 
-- a directory of symlinks named ``cc``, ``gcc``, ``c++``, ``g++`` and ``nvcc``
-  pointing at ccache goes first on ``PATH`` (ccache's "masquerade" mode: it
-  runs the real compiler of that name found further along ``PATH``);
+- a directory of symlinks named like the compilers a build looks up on ``PATH``
+  (``cc``, ``gcc``, ``c++``, ``g++``, ``nvcc``, clang, the names this Python's
+  sysconfig gives setuptools such as ``x86_64-linux-gnu-gcc``, and names given
+  in ``CC``/``CXX``/``CUDAHOSTCXX``/``NVCC``), pointing at ccache, goes first on
+  ``PATH`` (ccache's "masquerade" mode: it runs the real compiler of that name
+  found further along ``PATH``);
 - torch's ``cpp_extension`` calls nvcc by absolute path unless
   ``PYTORCH_NVCC`` names one: it is set to the masquerading ``nvcc``;
 - CMake projects (TransformerEngine) name nvcc themselves:
   ``CMAKE_CUDA_COMPILER_LAUNCHER`` puts ccache in front of it;
-- a host whose environment names its C++ compiler by path (``CXX=/opt/gcc/bin/g++``
-  on the GPU host) bypasses ``PATH``: CMake and torch's ``cpp_extension`` both
-  read ``CXX``. It is replaced by a two-line script of the same name that runs
-  ``ccache <that compiler>``. ``CC`` is left alone: torch passes it to nvcc as
-  ``-ccbin``, where a script would only add a pass through ccache per host
-  compile and a build-specific path to every CUDA command line.
+- a host whose environment names a compiler by path (``CXX=/opt/gcc/bin/g++``
+  on the GPU host; ``CC``, ``CUDAHOSTCXX``, ``NVCC`` alike) bypasses ``PATH``:
+  CMake, setuptools and torch's ``cpp_extension`` read those variables. Each is
+  replaced by a two-line script of the same name that runs ``ccache <that
+  compiler>``. The script lies at a path that stays the same from run to run
+  (under the object cache's directory): torch passes ``CC`` to nvcc as
+  ``-ccbin``, and that path is part of every CUDA command line ccache keys on.
 
 With ``remote=URL`` the object cache shares the wheel cache's server: ccache's
 own HTTP remote storage under ``URL/ccache/`` (plain GET and PUT, so the same
@@ -46,6 +50,7 @@ tests compare wheels built with and without the cache.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import shlex
 import shutil
@@ -55,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-MASQUERADE = ("cc", "gcc", "c++", "g++", "nvcc")
+from tasks import compilers
 
 #: ccache's stats-log counters: one of these per compilation served from the cache.
 _HITS = ("direct_cache_hit", "preprocessed_cache_hit")
@@ -84,12 +89,23 @@ class ObjectCache:
         )
         if self.remote:
             env["CCACHE_REMOTE_STORAGE"] = self.remote_storage()
+        for name in compilers.names(base):  # those it finds: a build may look for clang to use it
+            if shutil.which(name, path=base.get("PATH", "")):
+                self._masquerade(name)
         if (self.masquerade / "nvcc").exists() and shutil.which("nvcc", path=base.get("PATH", "")):
             env["PYTORCH_NVCC"] = str(self.masquerade / "nvcc")
-        cxx = base.get("CXX", "")
-        if cxx and "/" in shlex.split(cxx)[0] and not self._is_ccache(shlex.split(cxx)[0]):
-            env["CXX"] = str(self._compiler_script(cxx))
+        for var, command in compilers.by_path(base).items():
+            if not self._is_ccache(compilers.first_word(command)):
+                env[var] = str(self._compiler_script(command))
         return env
+
+    def _masquerade(self, name: str) -> None:
+        link = self.masquerade / name
+        if not link.is_symlink():
+            try:
+                link.symlink_to(self.ccache)
+            except FileExistsError:  # another build of this run made it first
+                pass
 
     def remote_storage(self) -> str:
         """ccache's remote_storage value for ``remote``: its HTTP backend under ``/ccache``."""
@@ -103,17 +119,13 @@ class ObjectCache:
         return os.path.realpath(path) == os.path.realpath(self.ccache)
 
     def _compiler_script(self, command: str) -> Path:
-        """An executable named like ``command``'s compiler that runs it through ccache."""
+        """An executable named like ``command``'s compiler that runs it through ccache, at a path that
+        depends only on what it runs (under the cache's directory, unless that path has a space)."""
         words = shlex.split(command)
-        script = self.masquerade / "by-path" / Path(words[0]).name
         text = f'#!/bin/sh\nexec {shlex.quote(self.ccache)} {shlex.join(words)} "$@"\n'
-        if not script.exists() or script.read_text() != text:
-            script.parent.mkdir(parents=True, exist_ok=True)
-            tmp = script.with_name(f".{script.name}.{os.getpid()}")
-            tmp.write_text(text)
-            tmp.chmod(0o755)
-            os.replace(tmp, script)
-        return script
+        home = self.masquerade if compilers.has_space(self.directory) else self.directory
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return compilers.write_script(home / "by-path" / digest / Path(words[0]).name, text)
 
 
 def shared_remote(remote: str) -> str:
@@ -142,13 +154,8 @@ def setup(
         return None
     ccache = os.path.abspath(ccache)
     directory.mkdir(parents=True, exist_ok=True)
-    masquerade = work / f"ccache-bin-{os.getpid()}"
-    masquerade.mkdir(parents=True, exist_ok=True)
+    masquerade = compilers.spaceless_dir(work / f"ccache-bin-{os.getpid()}", "reprostack-ccache-")
     atexit.register(shutil.rmtree, masquerade, True)
-    for name in MASQUERADE:
-        link = masquerade / name
-        if not link.is_symlink():
-            link.symlink_to(ccache)
     return ObjectCache(
         ccache=ccache,
         directory=directory,

@@ -30,6 +30,7 @@ class Process:
     sid: int
     cpu_ticks: int  # utime + stime, in clock ticks
     start: str  # start time, clock ticks since boot: with pid, names one process over time
+    ppid: int = 0
 
 
 def _parse(pid: int, text: str) -> Process | None:
@@ -44,6 +45,7 @@ def _parse(pid: int, text: str) -> Process | None:
         sid=int(fields[3]),
         cpu_ticks=int(fields[11]) + int(fields[12]),
         start=fields[19],
+        ppid=int(fields[1]),
     )
 
 

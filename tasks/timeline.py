@@ -47,6 +47,7 @@ class Outcome:
     object_misses: int = 0
     wait_s: float = 0.0  # of wall_s: waiting for job slots (other builds held them)
     forecast_s: float | None = None  # what the run's forecast said of its wall time (tasks/plan.py)
+    escaped: dict[str, int] = field(default_factory=dict)  # compiler -> runs outside the gate
 
 
 def parse_ninja_log(text: str) -> list[Unit]:
@@ -115,6 +116,14 @@ def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path, f
     if built and forecast_s is not None:
         took = max(o.start + o.wall_s for o in built) - min(o.start for o in built)
         print(f"forecast: {forecast_s:.1f} s of wall time for the builds; they took {took:.1f} s", flush=True)
+    for o in rows:
+        if o.escaped:
+            runs = ", ".join(f"{n} by {name}" for name, n in sorted(o.escaped.items()))
+            print(
+                f"warning: {o.package}: {sum(o.escaped.values())} compile(s) seen running outside the gate and the "
+                f"object cache ({runs})",
+                flush=True,
+            )
     if any(o.status == "built" for o in rows):
         write_atomic(trace, trace_json(rows))
         print(f"build timeline: {trace} (open in ui.perfetto.dev or chrome://tracing)", flush=True)

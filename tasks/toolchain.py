@@ -26,18 +26,21 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from tasks import compilers
 from tasks.cache import Cache, write_atomic
 from tasks.errors import ToolchainError
 from tasks.lockfile import Toolchain
 
 #: 3: nvcc by its resolved path; ninja no longer in the key (it cannot change a wheel's bytes).
-FINGERPRINT_VERSION = 6  # 4: Python's C headers; 5: the first copy of a distribution on sys.path; 6: nvcc itself
+FINGERPRINT_VERSION = 7  # 4: Python's C headers; 5: the first copy of a distribution on sys.path; 6: nvcc itself;
+# 7: the other compilers a build runs (sysconfig's, nvcc's host compiler), where they are other programs than cc/c++
 TOOLS = ("nvcc", "cc", "c++", "gcc", "g++", "cmake", "ninja", "cuobjdump")
 COMPILER_ENV = {"cc": "CC", "c++": "CXX"}
 STEERING_ENV = (
     "PATH",
     "CC",
     "CXX",
+    "CUDAHOSTCXX",
     "CUDA_HOME",
     "CUDA_PATH",
     "CUDNN_PATH",
@@ -108,6 +111,7 @@ def stamp(env: Mapping[str, str]) -> str:
         "python": _stat_key(os.path.realpath(sys.executable)),
         "site": [_stat_key(p) for p in _site_dirs()],
         "tools": {t: _stat_key(_which(t, env)) for t in TOOLS},
+        "compilers": {n: _stat_key(shutil.which(n, path=env.get("PATH"))) for n in _other_compiler_names(env)},
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -127,6 +131,27 @@ def _which(tool: str, env: Mapping[str, str]) -> str | None:
     if override:
         return shutil.which(override.split()[0], path=env.get("PATH"))
     return shutil.which(tool, path=env.get("PATH"))
+
+
+def _other_compiler_names(env: Mapping[str, str]) -> list[str]:
+    """Compilers a build runs besides ``cc`` and ``c++`` (or CC and CXX): this Python's (setuptools compiles and
+    links with sysconfig's CC, CXX, LDSHARED, LDCXXSHARED) and nvcc's host compiler (CUDAHOSTCXX, else g++)."""
+    names = [compilers.first_word(str(sysconfig.get_config_var(v) or "")) for v in compilers.SYSCONFIG_VARS]
+    names += ["gcc", "g++", compilers.first_word(env.get("CUDAHOSTCXX", ""))]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def other_compilers(env: Mapping[str, str]) -> dict[str, str]:
+    """Of :func:`_other_compiler_names`, those that are other programs than cc's and c++'s (by resolved path):
+    name -> its ``--version`` line. Empty where they all are the same compilers (then keys stay as they were)."""
+    known = {os.path.realpath(p) for p in (_which("cc", env), _which("c++", env)) if p}
+    found = {}
+    for name in _other_compiler_names(env):
+        path = shutil.which(name, path=env.get("PATH"))
+        if path and os.path.realpath(path) not in known:
+            known.add(os.path.realpath(path))
+            found[name] = _first_line([path, "--version"])
+    return found
 
 
 def nvcc_itself(found: str) -> str:
@@ -193,6 +218,7 @@ def probe(env: Mapping[str, str]) -> dict[str, Any]:
         "cxx": _first_line([_which("c++", env) or "c++", "--version"]),
         "cmake": _first_line([cmake, "--version"]) if (cmake := _which("cmake", env)) else "",
         "ninja": _first_line([ninja, "--version"]) if (ninja := _which("ninja", env)) else "",
+        "compilers": other_compilers(env),
     }
     cudnn_candidates = [env.get("CUDNN_PATH", ""), info.pop("cudnn_pip", ""), "/usr"]
     cudnn_version, cudnn_path = _cudnn_version([c for c in cudnn_candidates if c])
@@ -244,6 +270,8 @@ def fingerprint(info: Mapping[str, Any], *, extras: Iterable[str] = (), cuda: bo
         "cxx": info["tools"]["cxx"],
         "cmake": info["tools"]["cmake"],
     }
+    if info["tools"].get("compilers"):  # only where a build's compilers are not all cc's and c++'s
+        fp["compilers"] = info["tools"]["compilers"]
     if cuda:
         fp["nvcc"] = info["tools"]["nvcc"]
         fp["nvcc_path"] = info["tools"].get("nvcc_path", "")

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import sysconfig
 from pathlib import Path
+
+import pytest
 
 from tasks.toolchain import description, fingerprint, probe
 
@@ -64,3 +69,24 @@ def test_a_cpu_torch_is_refused_for_a_cuda_package_before_it_builds() -> None:
     assert len(problems) == 1 and "torch 2.11.0+cpu is a CPU build (torch.version.cuda is None)" in problems[0]
     assert toolchain_problems(Toolchain(), info, torch=True, cuda=False) == []  # a C++ torch extension: fine
     assert torch_requirement(info) == "torch==2.11.0+cpu"
+
+
+def test_a_compiler_setuptools_runs_is_keyed_where_it_is_another_program_than_cc(tmp_path: Path) -> None:
+    # Debian's python3 compiles with sysconfig's CC, x86_64-linux-gnu-gcc, not with cc; where the host's cc
+    # is another compiler (update-alternatives to clang; here a wrapper), the key must name both.
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    same, other = tmp_path / "same", tmp_path / "other"
+    for d in (same, other):
+        d.mkdir()
+    for name in ("cc", "c++"):
+        (same / name).symlink_to(os.path.realpath(gcc if name == "cc" else shutil.which("g++") or gcc))
+        (other / name).write_text(f'#!/bin/sh\nexec {shlex.quote(gcc)} "$@"\n')
+        (other / name).chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX", "CUDAHOSTCXX")}
+    keyed_same = fingerprint(probe({**base, "PATH": f"{same}{os.pathsep}{base['PATH']}"}))
+    keyed_other = fingerprint(probe({**base, "PATH": f"{other}{os.pathsep}{base['PATH']}"}))
+    assert "compilers" not in keyed_same  # cc and c++ are the compilers setuptools and nvcc run: keys as before
+    sysconfig_cc = sysconfig.get_config_var("CC").split()[0]
+    assert keyed_other["compilers"][sysconfig_cc].startswith(sysconfig_cc), keyed_other
