@@ -135,12 +135,20 @@ def stopped_cleanly(proc: subprocess.Popen[str], sig: signal.Signals, ws: Worksp
     return out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    ("sig", "options"),
+    [(signal.SIGTERM, ()), (signal.SIGINT, ()), (signal.SIGINT, ("-n", "1"))],
+    ids=["SIGTERM", "SIGINT", "SIGINT-main-thread"],  # -n 1: the download runs in the thread the handler runs in
+)
 def test_an_interrupted_source_archive_download_stops_cleanly(
-    tmp_path: Path, trickle: TrickleServer, runs: list[subprocess.Popen[str]], sig: signal.Signals
+    tmp_path: Path,
+    trickle: TrickleServer,
+    runs: list[subprocess.Popen[str]],
+    sig: signal.Signals,
+    options: tuple[str, ...],
 ) -> None:
     ws = make_workspace(tmp_path / "ws", tmp_path / "cache", trickle.url)
-    proc = start(ws, runs, trickle, "fetch:repro-pybind")
+    proc = start(ws, runs, trickle, *options, "fetch:repro-pybind")
     assert [n for n in temporaries(ws.cache) if n.startswith("src-repro-pybind.")], "no download under way"
     out = stopped_cleanly(proc, sig, ws)
     assert "Interrupted: download of http://127.0.0.1:" in out and "repro_pybind-0.1.0.tar interrupted" in out, out
