@@ -190,6 +190,7 @@ def compile_wheel(
     finally:
         if server.broker is not None:  # what each unit held, failed builds' too (a unit killed for memory)
             server.broker.finished(pkg.name)
+            server.broker.settle(pkg.name)  # its gates have ended: their tokens back, their reports read
             _record_units(ctx, pkg, server.broker.results(pkg.name), log)
     starved = server.broker.starved(pkg.name) if server.broker is not None else []
     escaped = watch.escaped() if watch is not None else {}

@@ -13,7 +13,8 @@ Layout under the cache root::
     fetched/<sha256>/         wheels used as they are: the runtime closure's, prebuilt ones (file, origin)
     timings/<package>.json    compile seconds per unit at the package's last build (tasks/ninjaorder.py)
     timings/<package>.memory.json  each unit's peak memory at its last build (tasks/gate.py, tasks/jobserver.py)
-    tmp/                      work in progress, renamed into place when complete
+    tmp/                      work in progress, renamed into place when complete; each <name> held
+                              by its run through the lock tmp/<name>.lock (see temporary_dir)
 
 Entries appear atomically (a directory renamed into place), so a reader sees
 either a whole entry or none. Wheel entries are verified by hash when used.
@@ -22,12 +23,14 @@ either a whole entry or none. Wheel entries are verified by hash when used.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,6 +103,112 @@ def rmtree(path: Path) -> None:
         shutil.rmtree(path, onerror=_onerror)
 
 
+#: The suffix of the lock file beside each temporary directory (its run holds it until the directory is gone).
+HELD = ".lock"
+
+
+def _hold(lock: Path, *, wait: bool) -> int | None:
+    """An open descriptor holding ``lock`` (flock, released by the kernel when the process ends, also on
+    SIGKILL), or None when another process holds it and ``wait`` is false."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # a sweep removed the file between our open and our lock: take the new one
+
+
+def _let_go(lock: Path, fd: int) -> None:
+    """Remove ``lock`` (while still holding it), then release it."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock)
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def temporary_dir(parent: Path, prefix: str) -> Iterator[Path]:
+    """A fresh directory ``<parent>/<prefix><random>``, removed on the way out, whatever happens.
+
+    The run holds ``<directory>.lock`` from before the directory exists until after it is removed,
+    so a directory whose lock nobody holds belongs to a run that is gone (killed, or ended by a signal
+    while the work was in one of doit's threads): :func:`sweep` removes those, never one a live run
+    uses, from whatever workspace that run started (flock works across processes and containers on
+    one file system). The directory is also listed in the workspace's run record (tasks/workspace.py).
+    """
+    from tasks import workspace
+
+    parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(6)}"
+        lock = path.with_name(path.name + HELD)
+        fd = _hold(lock, wait=False)
+        if fd is None:
+            continue
+        try:
+            path.mkdir()
+            break
+        except FileExistsError:
+            _let_go(lock, fd)
+        except BaseException:
+            _let_go(lock, fd)
+            raise
+    try:
+        workspace.tree(path, live=True)  # removed by the next run, should this one be killed
+        yield path
+    finally:
+        try:
+            rmtree(path)
+            workspace.tree(path, live=False)
+        finally:
+            _let_go(lock, fd)
+
+
+def sweep(parent: Path, match: Callable[[str], bool] = lambda name: True) -> int:
+    """Remove the temporary directories of ``parent`` (those ``match`` names) that no live run holds
+    (:func:`temporary_dir`); return how many. A lock left without its directory goes too."""
+    removed = 0
+    try:
+        names = sorted(os.listdir(parent))
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    for name in names:
+        if not match(name):
+            continue
+        path = parent / name
+        if name.endswith(HELD):
+            if (parent / name.removesuffix(HELD)).exists():
+                continue  # taken with its directory, below
+            lock, directory = path, None
+        elif path.is_dir() and not path.is_symlink():
+            lock, directory = path.with_name(name + HELD), path
+        else:
+            continue
+        try:
+            fd = _hold(lock, wait=False)
+        except OSError:
+            continue  # not ours to judge (no permission): leave it
+        if fd is None:
+            continue  # a live run holds it
+        try:
+            if directory is not None and directory.is_dir():
+                rmtree(directory)
+                removed += 1
+        finally:
+            _let_go(lock, fd)
+    return removed
+
+
 @dataclass(frozen=True)
 class WheelEntry:
     key: str
@@ -166,17 +275,15 @@ class Cache:
 
     @contextlib.contextmanager
     def staging(self, prefix: str) -> Iterator[Path]:
-        """A fresh temporary directory in the cache, removed unless moved away."""
-        from tasks import workspace
-
+        """A fresh temporary directory in the cache, removed unless moved away (:func:`temporary_dir`)."""
         self.ensure()
-        tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}.", dir=self.root / "tmp"))
-        workspace.tree(tmp, live=True)  # removed by the next run, should this one be killed
-        try:
+        with temporary_dir(self.root / "tmp", f"{prefix}.") as tmp:
             yield tmp
-        finally:
-            rmtree(tmp)
-            workspace.tree(tmp, live=False)
+
+    def sweep(self) -> int:
+        """Remove what runs that are gone left in ``tmp/`` and ``fetched/.fetch-*``; return how many."""
+        found = sweep(self.root / "tmp")
+        return found + sweep(self.root / "fetched", lambda name: name.startswith(".fetch-"))
 
     def publish_dir(self, tmp: Path, final: Path) -> None:
         """Move a completed directory into place; a concurrent winner is kept."""

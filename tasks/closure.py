@@ -38,7 +38,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from tasks import pypi
-from tasks.cache import rmtree, warn
+from tasks.cache import rmtree, temporary_dir, warn
 from tasks.errors import LockError, VerificationError
 from tasks.index import wheel_metadata, wheel_problem
 from tasks.lockfile import Runtime
@@ -415,8 +415,7 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
             f"[runtime] {pin.name}=={pin.version}: no file with a pinned sha256 in the mirror or on the package "
             "index; run `doit mirror` where the index is reachable, or re-pin with `doit lock update=runtime`"
         )
-    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=store))
-    try:
+    with temporary_dir(store, ".fetch-") as tmp:  # held by this run; one a killed run left, the next removes
         for origin, filename in candidates:
             dest = tmp / filename
             pypi.download(origin, dest)
@@ -433,8 +432,6 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
             os.replace(dest, final / filename)
             (final / "origin").write_text(origin + "\n")
             return final / filename
-    finally:
-        rmtree(tmp)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

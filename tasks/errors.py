@@ -116,6 +116,20 @@ class BundleError(ReproError):
     exit_code = 20
 
 
+class Interrupted(ReproError):
+    """The run was stopped by a signal while this work ran (a download, a fetch): it stopped cleanly.
+
+    The run's status is 128 + the signal's number, as a shell reports a process the signal ended:
+    130 for Ctrl-C (SIGINT, the class's own), 143 for SIGTERM, 129 for SIGHUP.
+    """
+
+    exit_code = 130
+
+    def __init__(self, message: str, signum: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
 def debug_enabled() -> bool:
     """True when the user asked for tracebacks of expected failures."""
     return os.environ.get("REPRO_DEBUG", "") not in ("", "0")

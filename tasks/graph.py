@@ -88,6 +88,17 @@ def claim_workspace() -> None:
         raise SystemExit(exc.exit_code) from None
     if note:
         print(note, file=sys.stderr, flush=True)
+    if workspace.current is not None:  # a run that may write the cache: what killed runs left there goes
+        from tasks.cache import Cache
+
+        with contextlib.suppress(OSError):  # a cache that cannot be read yet: the run says why
+            removed = Cache(settings.cache).sweep()
+            if removed:
+                print(
+                    f"removed {removed} temporary tree(s) that interrupted runs left in the cache {settings.cache}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 #: The exit status the first expected failure asked for (see :func:`guarded`); applied when the process ends.
@@ -95,6 +106,10 @@ _exit_status: list[int] = []
 
 
 def _exit_with_status() -> None:
+    proc = sys.modules.get("tasks.proc")
+    signum = proc.stop_signal() if proc is not None else None
+    if signum is not None:  # interrupted: whatever failed, and also when the work still running finished
+        _exit_status[:] = [128 + signum]
     if _exit_status:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -132,6 +147,10 @@ def _once(message: str) -> str:
 def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from tasks import proc
+
+        if proc.stop_signal() is not None:  # no new task after a stop signal (said once, by the handler)
+            return TaskFailed("not started: the run was interrupted", report=False)
         try:
             try:
                 fn(*args, **kwargs)
@@ -145,11 +164,14 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
             # end the process: fail the task, apply the error's own status at exit
             # (the first failure's, when several tasks fail).
             print(message, file=sys.stderr, flush=True)
+            # In an interrupted run, whatever failed failed for the interrupt: the signal's status (Interrupted).
+            signum = proc.stop_signal()
+            code = 128 + signum if signum is not None else exc.exit_code
             with _reported_lock:
                 if not _exit_status:
-                    _exit_status.append(exc.exit_code)
+                    _exit_status.append(code)
             # Said above, once: doit's own report of the failure would repeat it for every task.
-            return TaskFailed(f"{exc.__class__.__name__} (exit status {exc.exit_code})", report=False)
+            return TaskFailed(f"{exc.__class__.__name__} (exit status {code})", report=False)
         return None
 
     return wrapper

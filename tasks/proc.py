@@ -20,12 +20,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tasks import workspace
-from tasks.errors import ReproError
+from tasks.errors import Interrupted, ReproError
 
 TAIL_LINES = 40
 
@@ -40,6 +40,11 @@ _starting = 0
 _ended_interrupted = 0
 _live_lock = threading.RLock()
 _interrupted = threading.Event()
+#: The first stop signal's number, once one came (the run's exit status is 128 + it).
+_stop_signal: list[int] = []
+#: In-process work the handler lets clean up, as it does a command (:func:`in_process`: a download, a
+#: fetch's hash and unpack): token -> (its thread, what stops it at once, or None). Under _live_lock.
+_work: dict[object, tuple[int, Callable[[], None] | None]] = {}
 #: Seconds the first Ctrl-C leaves running builds to clean up before the process exits anyway.
 FORCE_EXIT_AFTER = 60.0
 #: The signals that stop a run (install_interrupt_handler).
@@ -110,21 +115,34 @@ def install_interrupt_handler() -> None:
 
         def handler(signum: int, frame: object, previous: object = previous) -> None:
             first = not _interrupted.is_set()
+            if first:
+                _stop_signal.append(signum)
             _interrupted.set()
             with _live_lock:
                 running = list(_live)
                 starting = _starting  # in this (the main) thread: it stops its command itself once started
                 ended = _ended_interrupted
+                work = list(_work.values())
             for p in running:
                 stop_group(p, grace=2.0, reap=False)
-            if first and (running or starting or ended):
+            for _thread_id, stop in work:
+                if stop is not None:
+                    with contextlib.suppress(OSError):
+                        stop()
+            if first and (running or starting or ended or work):
                 # Let the threads that ran them see their commands fail: they mark their
                 # logs and remove their temporary files, and doit stops for the failure.
                 # Raising here instead would end the process under them (doit's threads
                 # are daemons). A second signal, or the timer, exits at once.
+                commands = len(running) + starting + ended
+                downloads = len({thread_id for thread_id, _stop in work})  # a fetch and its download: one
+                stopped = " and ".join(
+                    [f"{commands} running command(s)"] * bool(commands or not downloads)
+                    + [f"{downloads} download(s)"] * bool(downloads)
+                )
                 with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
                     sys.stderr.write(
-                        f"\ninterrupted: stopped {len(running) + starting + ended} running command(s), cleaning up"
+                        f"\ninterrupted: stopped {stopped}, cleaning up"
                         f" (signal again to exit now; forced in {FORCE_EXIT_AFTER:.0f} s)\n"
                     )
                 timer = threading.Timer(FORCE_EXIT_AFTER, _thread.interrupt_main, args=(signum,))
@@ -140,6 +158,44 @@ def install_interrupt_handler() -> None:
 
         handler._repro_handler = True  # type: ignore[attr-defined]
         signal.signal(sig, handler)
+
+
+def stop_signal() -> int | None:
+    """The signal that interrupted this run (SIGINT, SIGTERM, SIGHUP), or None while none did."""
+    return _stop_signal[0] if _stop_signal else (signal.SIGINT if _interrupted.is_set() else None)
+
+
+def check_interrupted(what: str) -> None:
+    """Raise :class:`Interrupted` for ``what`` once the run was interrupted (a checkpoint of in-process work)."""
+    signum = stop_signal()
+    if signum is not None:
+        raise Interrupted(f"{what} interrupted; nothing partial was kept", signum=signum)
+
+
+@contextlib.contextmanager
+def in_process(what: str, stop: Callable[[], None] | None = None) -> Iterator[None]:
+    """Register in-process work (a download, a fetch's hash and unpack) with the interrupt handler.
+
+    A command runs in a process group the handler stops; a download runs in this process, in one of
+    doit's threads, where Python never raises KeyboardInterrupt. While registered, the first stop
+    signal calls ``stop`` (a download shuts its socket, so a blocked read returns at once) and leaves
+    the work's thread to reach its next :func:`check_interrupted`, which raises :class:`Interrupted`;
+    its ``finally`` blocks remove its temporary files, as a command's thread does. Unregistered, the
+    signal ended the process under it (SIGTERM: exit 143, no message, its temporary tree left behind)
+    or raised KeyboardInterrupt with a traceback. Refused (Interrupted) once the run was interrupted.
+    """
+    global _ended_interrupted
+    token = object()
+    with _live_lock:
+        check_interrupted(what)
+        _work[token] = (threading.get_ident(), stop)
+    try:
+        yield
+    finally:
+        with _live_lock:
+            del _work[token]
+            if _interrupted.is_set():
+                _ended_interrupted += 1
 
 
 @dataclass(frozen=True)

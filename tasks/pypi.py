@@ -8,16 +8,19 @@ Pages are read in the PEP 503 (HTML) form, which every index serves.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urljoin, urlparse
 from urllib.request import url2pathname
 
 from packaging.utils import canonicalize_name
 
+from tasks import proc
 from tasks.errors import FetchError, unreachable
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
@@ -188,21 +191,56 @@ def project_files(project: str, indexes: list[str] | None = None) -> ProjectFile
 
 
 def download(url: str, dest: Path) -> None:
-    """Download ``url`` (http(s) or file) to ``dest``."""
+    """Download ``url`` (http(s) or file) to ``dest``.
+
+    Stops at a stop signal (tasks/proc.py): the handler shuts the connection's socket, so a read
+    blocked on a server that trickles or stalls returns at once, and :class:`Interrupted` is raised;
+    the caller's temporary directory then goes with it.
+    """
     import requests
 
+    what = f"download of {url}"
     parsed = urlparse(url)
     try:
         if parsed.scheme == "file" or not parsed.scheme:
             src = Path(url2pathname(parsed.path)) if parsed.scheme else Path(url)
-            with src.open("rb") as fh, dest.open("wb") as out:
+            with proc.in_process(what), src.open("rb") as fh, dest.open("wb") as out:
                 while chunk := fh.read(1 << 20):
+                    proc.check_interrupted(what)
                     out.write(chunk)
             return
-        with requests.get(url, stream=True, timeout=TIMEOUT) as resp:
-            resp.raise_for_status()
-            with dest.open("wb") as out:
-                for chunk in resp.iter_content(1 << 20):
-                    out.write(chunk)
+        connection: list[socket.socket] = []  # a duplicate of the body's socket, for the handler to shut
+
+        def stop() -> None:
+            for c in connection:
+                c.shutdown(socket.SHUT_RDWR)
+
+        try:
+            with proc.in_process(what, stop=stop):
+                with requests.get(url, stream=True, timeout=TIMEOUT) as resp:
+                    connection.extend(_socket_of(resp))
+                    resp.raise_for_status()
+                    with dest.open("wb") as out:
+                        for chunk in resp.iter_content(1 << 16):
+                            proc.check_interrupted(what)
+                            out.write(chunk)
+                    proc.check_interrupted(what)  # a shut socket may end the body early, without an error
+        finally:
+            for c in connection:
+                c.close()
     except OSError as exc:  # requests.RequestException is an OSError
+        proc.check_interrupted(what)  # the error is the shut socket's
         raise unreachable(url, str(exc)) or FetchError(f"download of {url} failed: {exc}") from None
+
+
+def _socket_of(resp: Any) -> list[socket.socket]:
+    """A duplicate of the socket a streamed response's body comes from (none where it cannot be had).
+
+    Shutting it down (from the interrupt handler, in another thread) ends the body at once, also a
+    read blocked on a server that trickles or stalls, and also over TLS; being our own descriptor, it
+    is never another file's, whenever the handler comes.
+    """
+    try:
+        return [socket.socket(fileno=os.dup(resp.raw.fileno()))]
+    except (OSError, ValueError, AttributeError):
+        return []

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tasks import gitsrc, pypi
+from tasks import gitsrc, proc, pypi
 from tasks.archive import pack_tree, unpack
 from tasks.cache import Cache, copy_atomic, rmtree, warn, write_atomic
 from tasks.errors import VerificationError
@@ -100,6 +100,7 @@ def materialize(
             f"source {src.name}: archive from {meta['origin']} has sha256 {digest} "
             f"but the lock pins {src.sha256}; refusing to use it"
         )
+    proc.check_interrupted(f"fetch of source {src.name}")
     root = unpack(archive, work / "unpack", strip=src.strip)
     keep.apply(root)
     return root, meta
@@ -113,8 +114,11 @@ def ensure_source(src: Source, *, cache: Cache, mirror: Path | None, log: Path) 
         if cache.has_source(src.tree_sha256):
             return cache.source_tree(src.tree_sha256)
         print(f"fetch {src.name} ({src.kind})", flush=True)
-        with cache.staging(f"src-{src.name}") as work:
+        # In-process work the interrupt handler waits for: a stop signal ends it at a checkpoint, and
+        # the staging tree goes with it (tasks/proc.py).
+        with proc.in_process(f"fetch of source {src.name}"), cache.staging(f"src-{src.name}") as work:
             root, meta = materialize(src, work, cache=cache, mirror=mirror, log=log)
+            proc.check_interrupted(f"fetch of source {src.name}")
             actual = tree_sha256(root)
             if actual != src.tree_sha256:
                 raise VerificationError(
@@ -148,7 +152,7 @@ def ensure_wheel(src: Source, *, cache: Cache, mirror: Path | None) -> Path:
         mirrored = mirror / "wheels" / src.filename if mirror is not None else None
         origin = str(mirrored) if mirrored is not None and mirrored.is_file() else src.url
         print(f"fetch {src.name} (wheel {src.filename})", flush=True)
-        with cache.staging(f"wheel-{src.name}") as work:
+        with proc.in_process(f"fetch of wheel {src.name}"), cache.staging(f"wheel-{src.name}") as work:
             path = work / src.filename
             if origin == src.url:
                 pypi.download(src.url, path)

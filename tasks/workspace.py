@@ -108,8 +108,11 @@ class Registry:
             self._write()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        """At exit: the record goes, unless it still lists trees or sessions (a stop signal ended the
+        process under a thread that was writing one): the next run then removes them."""
+        with self._lock, contextlib.suppress(OSError):
+            if not self._doc["paths"] and not self._doc["sessions"]:
+                self.path.unlink()
 
 
 #: The registry of this process, once it holds its workspace (None for read-only commands).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,19 @@ def _free_tokens(server: JobServer) -> int:
         os.close(fd)
 
 
+def _tokens_back(server: JobServer) -> int:
+    """The free tokens once the broker has seen every ended gate's connection close (JobServer.settle):
+    read at once, a loaded host could show a token the broker had not yet taken back."""
+    assert server.broker is None or server.broker.settle(), "a gate's connection is still open"
+    return _free_tokens(server)
+
+
+def _results(server: JobServer, package: str = "pkg") -> dict[str, dict[str, object]]:
+    """What ``package``'s units reported, once the broker has read the end of each (as tasks/build.py)."""
+    assert server.broker is not None and server.broker.settle(package)
+    return server.broker.results(package)
+
+
 def _run_many(tmp_path: Path, env: dict[str, str], count: int = 2) -> list[Path]:
     """``count`` ninja builds at once, each told ``-j 8`` the way setup scripts do."""
     dirs = [_project(tmp_path / f"p{i}", 8) for i in range(count)]
@@ -116,7 +131,7 @@ def test_two_ninjas_share_one_budget(tmp_path: Path) -> None:
         dirs = _run_many(tmp_path / "four", env, count=4)
         peak = _max_overlap(dirs)
         assert 2 <= peak <= 3, f"{peak} jobs ran at once; the budget is 3"
-        assert _free_tokens(server) == 3  # every token came back
+        assert _tokens_back(server) == 3  # every token came back
     finally:
         server.close()
     assert not server.fifo.exists()
@@ -152,7 +167,7 @@ def test_a_slot_freed_while_a_long_unit_runs_goes_to_the_units_waiting(tmp_path:
         short_ends = [ends[f"t{i}.txt"] for i in range(1, 5)]
         assert max(short_ends) < ends["t0.txt"], f"the short units waited for the long one: {ends}"
         assert _max_overlap([project]) <= 2
-        assert _free_tokens(server) == 2
+        assert _tokens_back(server) == 2
     finally:
         server.close()
 
@@ -184,12 +199,12 @@ def test_a_freed_token_goes_to_the_highest_priority_waiting_compiler(tmp_path: P
         assert sorted(starts, key=starts.__getitem__) == [5, 3, 1]
         # What each package waited for a slot (its build summary's "waited"): pkg1 the longest, from its
         # arrival until 5 and 3 had run.
-        assert server.broker is not None
+        assert server.broker is not None and server.broker.settle()
         waited = {p: sum(end - start for start, end in server.broker.starved(f"pkg{p}")) for p in procs}
         assert waited[1] > waited[3] > 0.3 and waited[1] >= 0.6, waited
         assert server.broker.starved("pkg1") == []  # reported once
         assert not (tmp_path / "p9.txt").exists()
-        assert _free_tokens(server) == 1  # every token came back
+        assert _tokens_back(server) == 1  # every token came back
     finally:
         server.close()
 
@@ -430,11 +445,11 @@ def test_units_are_admitted_by_their_own_memory(tmp_path: Path) -> None:
         every = _overlap(_spans([project / n for n in units]))
         assert heavy <= 2, f"{heavy} heavy units ran at once in a 600 MB budget"
         assert every >= 3, f"the light units did not fill the free slots ({every} at once)"
-        results = server.broker.results("pkg")
+        results = _results(server)
         assert set(results) == set(units)
         assert 250 <= float(str(results["h0.o"]["peak_mb"])) < 400, results["h0.o"]
         assert float(str(results["l0.o"]["peak_mb"])) < 120, results["l0.o"]
-        assert _free_tokens(server) == 4
+        assert _tokens_back(server) == 4
     finally:
         server.close()
     log = (tmp_path / "u.log").read_text()
@@ -467,7 +482,7 @@ def test_recorded_memory_replaces_the_estimate_at_the_next_build(tmp_path: Path)
             res = _build_in(project, server, path)
             assert res.returncode == 0, res.stdout + res.stderr
             overlaps.append(_overlap(_spans([project / n for n in units])))
-            record_memory(cache, "pkg", server.broker.results("pkg"))
+            record_memory(cache, "pkg", _results(server))
         finally:
             server.close()
     assert overlaps[0] <= 2 and overlaps[1] >= 3, overlaps
@@ -501,7 +516,7 @@ def test_a_unit_past_its_peak_process_counts_only_its_rest(tmp_path: Path) -> No
             whole = _overlap(_spans([project / f"{n}.big" for n in units] + [project / f"{n}.small" for n in units]))
             found[name] = (big, whole)
             if name == "rest":
-                learned = server.broker.results("pkg")["u0.o"]
+                learned = _results(server)["u0.o"]
                 assert learned["peak_in"] == "bigstep" and float(str(learned["after_mb"])) < 120, learned
         finally:
             server.close()
@@ -536,7 +551,7 @@ def test_a_unit_killed_for_memory_is_run_once_more(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stdout + res.stderr
         assert (project / "a.o").read_text() == "ok\n" and (project / "b.o").read_text() == "ok\n"
         assert "a.o (pkg) was killed for memory" in res.stdout + res.stderr
-        results = server.broker.results("pkg")
+        results = _results(server)
         assert results["a.o"]["killed"] is True and "exit" not in results["a.o"], results
         assert " retry pkg a.o " in (tmp_path / "u.log").read_text()
 
@@ -547,7 +562,7 @@ def test_a_unit_killed_for_memory_is_run_once_more(tmp_path: Path) -> None:
         )
         assert res.returncode != 0
         assert "FAILED" in res.stdout and (res.stdout + res.stderr).count("was killed for memory") == 1
-        assert _free_tokens(server) == 2
+        assert _tokens_back(server) == 2
     finally:
         server.close()
 
@@ -599,5 +614,110 @@ def test_one_token_is_kept_for_the_package_that_sets_the_wall_time(tmp_path: Pat
         server.broker.finished("top")
         spans = [tuple(map(float, f.read_text().split())) for f in again.glob("t*.txt")]
         assert _overlap(spans) == 3, "with the top package compiling, the low one had the other three tokens"  # type: ignore[arg-type]
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def busy_cores() -> Iterator[int]:
+    """A busy loop on every core for the test's duration (CI's loaded host), stopped after it."""
+    loops = [
+        subprocess.Popen(["sh", "-c", "while :; do :; done"], stdin=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        yield len(loops)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+def _compilers(project: Path) -> list[int]:
+    """The fake compiler processes (job.py) running in ``project`` now."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+            here = os.readlink(cmdline.parent / "cwd")
+        except OSError:
+            continue
+        if any(a.endswith(b"job.py") for a in args) and here == str(project):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def _gates(project: Path) -> list[int]:
+    """The gates of the compilers running in ``project`` (each compiler's parent)."""
+    parents = []
+    for pid in _compilers(project):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents.append(int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]))
+    return parents
+
+
+def test_every_token_is_back_after_any_build_under_load(tmp_path: Path, busy_cores: int) -> None:
+    """One run's budget of 2 through builds that succeed, fail, are stopped by Ctrl-C, lose a compiler
+    (SIGKILL: the gate runs it once more) and lose a gate, with a busy loop on every core: after each,
+    every token is back, so the rest of a long run keeps its slots."""
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(2, tmp_path / "js", search_path=path)
+    try:
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+
+        def project(name: str, seconds: list[str]) -> Path:
+            root = tmp_path / name
+            root.mkdir()
+            lines = ["rule job\n  command = cc -o $out $dur\n"]
+            lines += [f"build t{i}.txt: job\n  dur = {d}\n" for i, d in enumerate(seconds)]
+            (root / "build.ninja").write_text("".join(lines))
+            return root
+
+        def start(root: Path) -> subprocess.Popen[str]:
+            return subprocess.Popen(
+                ["ninja", "-j", "8"], cwd=root, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches a build
+            )  # fmt: skip
+
+        def running(root: Path, count: int) -> None:
+            deadline = time.monotonic() + 120
+            while len(_compilers(root)) < count:
+                assert time.monotonic() < deadline, f"{count} compilers never ran in {root.name}"
+                time.sleep(0.05)
+
+        ok = subprocess.run(["ninja", "-j", "8"], cwd=project("ok", ["0.2"] * 6), env=env, capture_output=True)
+        assert ok.returncode == 0, ok.stdout
+        assert _tokens_back(server) == 2
+
+        failed = subprocess.run(  # "fail" is no number of seconds: that unit's compiler exits 1
+            ["ninja", "-j", "8"], cwd=project("failed", ["0.5", "fail", "0.5", "0.5"]), env=env, capture_output=True
+        )
+        assert failed.returncode != 0, failed.stdout
+        assert _tokens_back(server) == 2
+
+        root = project("ctrl-c", ["30"] * 4)
+        build = start(root)
+        running(root, 2)
+        os.killpg(build.pid, signal.SIGINT)  # ninja's group, as a terminal's: ninja stops its commands
+        build.communicate(timeout=60)
+        assert not list(root.glob("t*.txt")), "the 30 s units ran to the end: the build was not interrupted"
+        assert _tokens_back(server) == 2
+
+        root = project("killed", ["3", "3", "0.2"])
+        build = start(root)
+        running(root, 2)
+        os.kill(_compilers(root)[0], signal.SIGKILL)  # the gate sees it killed, and runs it once more
+        out, _ = build.communicate(timeout=120)
+        assert build.returncode == 0 and "was killed for memory" in out, out
+        assert _tokens_back(server) == 2
+
+        root = project("gate-killed", ["30", "30"])
+        build = start(root)
+        running(root, 2)
+        for gate in _gates(root):
+            os.kill(gate, signal.SIGKILL)  # its compiler dies with it (PR_SET_PDEATHSIG)
+        out, _ = build.communicate(timeout=60)
+        assert build.returncode != 0, out
+        assert _tokens_back(server) == 2
     finally:
         server.close()
