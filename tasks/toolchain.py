@@ -315,15 +315,21 @@ def _matches(spec: str, version: str) -> bool:
 
 
 def torch_requirement(info: Mapping[str, Any]) -> str:
-    """``torch==<version>`` of the probed torch, local label kept (``2.11.0+cu130`` is not ``2.11.0+cpu``).
+    """``torch==<version>`` of the probed torch's distribution, local label kept (``2.11.0+cu130`` is not
+    ``2.11.0+cpu``).
 
     What a wheel compiled against that torch records in its Requires-Dist (tasks/build.py), so that pip
-    refuses to install it beside any other torch, where its extension would not load.
+    refuses to install it beside any other torch, where its extension would not load. The version is the
+    installed distribution's (its METADATA, what pip compares), not ``torch.__version__``: PyPI's CUDA
+    wheels and images' own builds install as ``2.11.0`` while ``torch.__version__`` says
+    ``2.11.0+cu130``, and a pin on the latter is one no installed torch satisfies (seen on the H100 host).
+    Where the distribution carries no label, ``==2.11.0`` also admits a ``2.11.0+cpu``: preflight's torch
+    check (its CUDA) is what tells those apart.
     """
     found = info["python"].get("torch")
     if not found:
         raise ToolchainError(f"torch is not importable by {sys.executable}, yet the package builds against it")
-    version = str(found["version"])
+    version = str(info["python"].get("dists", {}).get("torch") or found["version"])
     try:
         Version(version)
     except InvalidVersion:

@@ -947,7 +947,15 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         # --system-site-packages reaches the *base* interpreter's packages, not
         # those of a venv we were started from; a .pth file makes them visible,
         # after the scratch venv's own site-packages.
-        pth_dirs = [d for d in base.get("site_dirs", []) if Path(d).is_dir()]
+        # Its site directories, and what their own .pth files add (a venv that sees a host's torch through a
+        # .pth line, as the GPU hosts' do): a .pth line is not read for .pth files of the directory it adds.
+        runner_dir = str(RUNNER.parent)
+        pth_dirs: list[str] = []
+        for d in [*base.get("site_dirs", []), *base.get("sys_path", [])]:
+            if d in pth_dirs or d == runner_dir or not Path(d).is_dir():
+                continue
+            if d in base.get("site_dirs", []) or not _is_base_site(Path(d), base):
+                pth_dirs.append(d)
         for site_dir in _venv_site_dirs(session.venv):
             write_atomic(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
         session.foreign = [str(d) for d in pth_dirs if not _is_base_site(Path(d), base)]

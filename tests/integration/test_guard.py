@@ -26,9 +26,10 @@ pytestmark = pytest.mark.integration
 
 
 def _torch_version() -> str:
-    import torch
+    """The installed torch distribution's version: what pip compares a Requires-Dist with."""
+    import importlib.metadata
 
-    return str(torch.__version__)
+    return importlib.metadata.version("torch")
 
 
 def _metadata(wheel: Path) -> str:

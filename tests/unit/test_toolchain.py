@@ -90,3 +90,14 @@ def test_a_compiler_setuptools_runs_is_keyed_where_it_is_another_program_than_cc
     assert "compilers" not in keyed_same  # cc and c++ are the compilers setuptools and nvcc run: keys as before
     sysconfig_cc = sysconfig.get_config_var("CC").split()[0]
     assert keyed_other["compilers"][sysconfig_cc].startswith(sysconfig_cc), keyed_other
+
+
+def test_the_torch_pin_is_the_installed_distributions_version_not_torch_version() -> None:
+    """PyPI's CUDA wheels (and the H100 host's torch) install as 2.11.0 while torch.__version__ says
+    2.11.0+cu130: a Requires-Dist on the latter is one pip finds no torch for (seen on that host)."""
+    from tasks.toolchain import torch_requirement
+
+    info = {"python": {"torch": {"version": "2.11.0+cu130", "cuda": "13.0"}, "dists": {"torch": "2.11.0"}}}
+    assert torch_requirement(info) == "torch==2.11.0"
+    info["python"]["dists"] = {"torch": "2.11.0+cu130"}  # the PyTorch index's wheels carry the label
+    assert torch_requirement(info) == "torch==2.11.0+cu130"
