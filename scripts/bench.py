@@ -31,7 +31,12 @@ directories, are compared byte for byte with the cold build's. With
 compared with that earlier run's wheel hashes and cold time, then
 ``--verify`` checks the assembled wheelhouse; ``--baseline`` (with or
 without ``--shards``) builds the plain baseline to set beside that run's
-cold figures.
+cold figures. ``--repro`` (with ``--stack``) then runs ``doit repro`` on the
+same workspace, every package rebuilt once more without the wheel and object
+caches, and prints its wall time beside the cold ``doit wheels``'s, with how
+many wheels it found identical:
+
+    python scripts/bench.py --stack --repro --lock sources.lock --profile no-fa2 --mirror DIR --jobs 16
 """
 
 from __future__ import annotations
@@ -435,6 +440,40 @@ def plain_baseline(bench: Bench, began: float) -> None:
     result["plain_total_s"] = round(base_total, 1)
 
 
+def repro_figures(
+    args: argparse.Namespace, work: Path, env: dict[str, str], result: dict[str, Any], names: list[str]
+) -> None:
+    """``doit repro`` on the cold stack's workspace (wheels/ current): every package rebuilt at once on the
+    run's budget, without the wheel and object caches, and compared with the cold build's wheels."""
+    log = work / "repro.log"
+    wall, cpu, mem, code = run_until(doit_cmd(args, work, "repro"), cwd=work, env=env, log=log)
+    report_file = work / "build" / "repro" / "report.json"
+    report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+    rows = report.get("results", [])
+    cold = result["stack"]["cold_wall_s"]
+    result["repro"] = {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "peak_mem_gb": round(mem, 1),
+        "exit_status": code,
+        "identical": sum(bool(r["identical"]) for r in rows),
+        "compared": len(rows),
+        "packages": len(names),
+        "ratio_to_cold": round(wall / cold, 3) if cold else None,
+        "seconds": {r["package"]: r["seconds"] for r in rows},
+    }
+    print(repro_line(result), flush=True)
+
+
+def repro_line(result: dict[str, Any]) -> str:
+    r, cold = result["repro"], result["stack"]["cold_wall_s"]
+    return (
+        f"cold `doit wheels`: {cold} s wall | `doit repro`: {r['wall_s']} s wall, {r['cpu_s']} s CPU, "
+        f"peak {r['peak_mem_gb']} GB | repro / cold = {r['ratio_to_cold']}; "
+        f"{r['identical']} of {r['compared']} wheel(s) identical (exit status {r['exit_status']})"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lock", type=Path, default=REPO / "sources.lock")
@@ -473,8 +512,17 @@ def main() -> int:
         help="skip the cold build and use this earlier run's wheel hashes and cold times: with --shards "
         "(then --verify on the assembled wheelhouse) and/or --baseline",
     )
+    ap.add_argument(
+        "--repro",
+        action="store_true",
+        help="after the cold stack, time `doit repro` (every package rebuilt, compared) beside it",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.repro and not args.stack:
+        ap.error("--repro needs --stack: it compares `doit repro` with one cold `doit wheels` of the stack")
+    if args.repro and args.reference:
+        ap.error("--repro needs the cold build of this run, not --reference")
     if args.reference and not (args.shards or args.baseline):
         ap.error("--reference needs --shards or --baseline")
     if args.reference and args.verify and not args.shards:
@@ -635,6 +683,10 @@ def main() -> int:
     print("wheels: " + ", ".join(f"{n} {w['size'] / 1e6:.1f} MB" for n, w in cold_wheels.items()), flush=True)
     save()
 
+    if args.repro:
+        repro_figures(args, work, env, result, names)
+        save()
+
     if cache_server is not None:
         # A second, empty workspace (no wheel cache, no object cache) restores everything from the remote.
         fresh = work / "fresh"
@@ -751,6 +803,8 @@ def main() -> int:
         + (f"; plain total {result['plain_total_s']} s (* = stopped or failed)" if args.baseline else "")
     )
     print(f"no-op doit wheels: {result['noop_s']} s (cold build of the same lock: {result['cold_total_s']} s)")
+    if args.repro:
+        print(repro_line(result))
     print(
         f"restore from cache (wheels/ and doit state deleted): {result['restore_s']} s, "
         f"{result['restore_per_wheel_s']} s per wheel"
