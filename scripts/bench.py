@@ -364,6 +364,8 @@ def compare_with_cold(
 
     identical, differing = [], {}
     for w in manifest["wheels"]:
+        if w.get("origin") == "fetched":
+            continue  # the runtime closure's, downloaded by both
         cold = cold_wheels.get(w["package"], {"sha256": ""})
         if cold["sha256"] == w["sha256"]:
             identical.append(w["package"])
@@ -669,7 +671,8 @@ def main() -> int:
     result["noop_s"] = [round(x, 3) for x in noop]
     print(f"no-op doit wheels: {result['noop_s']} s", flush=True)
     manifest = json.loads((work / "wheels" / "manifest.json").read_text())
-    cold_wheels = {w["package"]: w for w in manifest["wheels"]}
+    # The lock's packages: the runtime closure's wheels ([runtime], origin "fetched") are downloaded, not built.
+    cold_wheels = {w["package"]: w for w in manifest["wheels"] if w.get("origin") != "fetched"}
     shutil.rmtree(work / "wheels")
     for state in work.glob(".doit.db*"):
         state.unlink()
@@ -694,7 +697,11 @@ def main() -> int:
         sent_before = cache_server.bytes_sent
         wall, cpu, _ = timed(doit_cmd(args, fresh, "wheels") + remote_vars, cwd=work, env=env, log=log)
         fresh_manifest = json.loads((fresh / "wheels" / "manifest.json").read_text())
-        same = all(cold_wheels[w["package"]]["sha256"] == w["sha256"] for w in fresh_manifest["wheels"])
+        same = all(
+            cold_wheels[w["package"]]["sha256"] == w["sha256"]
+            for w in fresh_manifest["wheels"]
+            if w.get("origin") != "fetched"
+        )
         built = [n for n in names if (fresh / "build" / "logs" / f"build-{n}.log").exists()]
         result["remote"] = {
             "uploaded_bytes": cache_server.bytes_received,

@@ -26,7 +26,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -198,9 +198,9 @@ def rebuild_all(
 
     Their compilers share the run's job budget, priorities and memory admission (compile_wheel opens each
     package's session with the run's broker), as ``doit wheels``'s builds do. As doit does with failed
-    build tasks, the first failure starts no further rebuild, lets the running ones end, and is raised;
-    on Ctrl-C the interrupt handler (tasks/proc.py) stops every rebuild's process group, and each ends
-    with its "interrupted" error.
+    build tasks, the first failure starts no further rebuild (a line says so at once), lets the running ones
+    end, and is raised (the others' in a line each). On Ctrl-C the interrupt handler (tasks/proc.py) stops
+    every rebuild's process group, and each ends with its "interrupted" error.
     """
     if not chosen:
         return ()
@@ -213,26 +213,31 @@ def rebuild_all(
         }
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 name = futures[future]
                 exc = future.exception()
-                if exc is not None:
-                    failures.append((name, exc))
+                if exc is None:
+                    result = results[name] = future.result()
+                    status = "identical" if result.identical else "DIFFERENT"
+                    print(f"rebuilt {name} in {result.seconds:.1f}s: {status}", flush=True)
                     continue
-                result = results[name] = future.result()
-                status = "identical" if result.identical else "DIFFERENT"
-                print(f"rebuilt {name} in {result.seconds:.1f}s: {status}", flush=True)
-            if failures:  # start no other rebuild; wait for the running ones
-                pending = {f for f in pending if not f.cancel()}
+                failures.append((name, exc))
+                pending = {f for f in pending if not f.cancel()}  # start no other rebuild
+                line = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+                if len(failures) > 1:  # the first is raised in full below
+                    print(f"doit repro: the rebuild of {name} failed too: {line}", file=sys.stderr, flush=True)
+                elif pending:
+                    print(
+                        f"doit repro: the rebuild of {name} failed: {line}; waiting for the {len(pending)} running "
+                        "rebuild(s) to end",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     if failures:
-        first = failures[0][1]
-        for name, exc in failures[1:]:
-            line = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-            print(f"doit repro: the rebuild of {name} failed too: {line}", file=sys.stderr, flush=True)
-        raise first
+        raise failures[0][1]
     return tuple(results[pkg.name] for pkg in chosen)
 
 
