@@ -810,12 +810,12 @@ def main() -> int:
         + (f"; plain total {result['plain_total_s']} s (* = stopped or failed)" if args.baseline else "")
     )
     print(f"no-op doit wheels: {result['noop_s']} s (cold build of the same lock: {result['cold_total_s']} s)")
-    if args.repro:
-        print(repro_line(result))
     print(
         f"restore from cache (wheels/ and doit state deleted): {result['restore_s']} s, "
         f"{result['restore_per_wheel_s']} s per wheel"
     )
+    if args.repro:
+        print(repro_line(result))
     save()
     return 0
 
