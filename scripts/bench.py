@@ -31,7 +31,12 @@ directories, are compared byte for byte with the cold build's. With
 compared with that earlier run's wheel hashes and cold time, then
 ``--verify`` checks the assembled wheelhouse; ``--baseline`` (with or
 without ``--shards``) builds the plain baseline to set beside that run's
-cold figures.
+cold figures. ``--repro`` (with ``--stack``) then runs ``doit repro`` on the
+same workspace, every package rebuilt once more without the wheel and object
+caches, and prints its wall time beside the cold ``doit wheels``'s, with how
+many wheels it found identical:
+
+    python scripts/bench.py --stack --repro --lock sources.lock --profile no-fa2 --mirror DIR --jobs 16
 """
 
 from __future__ import annotations
@@ -359,6 +364,8 @@ def compare_with_cold(
 
     identical, differing = [], {}
     for w in manifest["wheels"]:
+        if w.get("origin") == "fetched":
+            continue  # the runtime closure's, downloaded by both
         cold = cold_wheels.get(w["package"], {"sha256": ""})
         if cold["sha256"] == w["sha256"]:
             identical.append(w["package"])
@@ -435,6 +442,40 @@ def plain_baseline(bench: Bench, began: float) -> None:
     result["plain_total_s"] = round(base_total, 1)
 
 
+def repro_figures(
+    args: argparse.Namespace, work: Path, env: dict[str, str], result: dict[str, Any], names: list[str]
+) -> None:
+    """``doit repro`` on the cold stack's workspace (wheels/ current): every package rebuilt at once on the
+    run's budget, without the wheel and object caches, and compared with the cold build's wheels."""
+    log = work / "repro.log"
+    wall, cpu, mem, code = run_until(doit_cmd(args, work, "repro"), cwd=work, env=env, log=log)
+    report_file = work / "build" / "repro" / "report.json"
+    report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+    rows = report.get("results", [])
+    cold = result["stack"]["cold_wall_s"]
+    result["repro"] = {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "peak_mem_gb": round(mem, 1),
+        "exit_status": code,
+        "identical": sum(bool(r["identical"]) for r in rows),
+        "compared": len(rows),
+        "packages": len(names),
+        "ratio_to_cold": round(wall / cold, 3) if cold else None,
+        "seconds": {r["package"]: r["seconds"] for r in rows},
+    }
+    print(repro_line(result), flush=True)
+
+
+def repro_line(result: dict[str, Any]) -> str:
+    r, cold = result["repro"], result["stack"]["cold_wall_s"]
+    return (
+        f"cold `doit wheels`: {cold} s wall | `doit repro`: {r['wall_s']} s wall, {r['cpu_s']} s CPU, "
+        f"peak {r['peak_mem_gb']} GB | repro / cold = {r['ratio_to_cold']}; "
+        f"{r['identical']} of {r['compared']} wheel(s) identical (exit status {r['exit_status']})"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lock", type=Path, default=REPO / "sources.lock")
@@ -473,8 +514,17 @@ def main() -> int:
         help="skip the cold build and use this earlier run's wheel hashes and cold times: with --shards "
         "(then --verify on the assembled wheelhouse) and/or --baseline",
     )
+    ap.add_argument(
+        "--repro",
+        action="store_true",
+        help="after the cold stack, time `doit repro` (every package rebuilt, compared) beside it",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.repro and not args.stack:
+        ap.error("--repro needs --stack: it compares `doit repro` with one cold `doit wheels` of the stack")
+    if args.repro and args.reference:
+        ap.error("--repro needs the cold build of this run, not --reference")
     if args.reference and not (args.shards or args.baseline):
         ap.error("--reference needs --shards or --baseline")
     if args.reference and args.verify and not args.shards:
@@ -621,7 +671,8 @@ def main() -> int:
     result["noop_s"] = [round(x, 3) for x in noop]
     print(f"no-op doit wheels: {result['noop_s']} s", flush=True)
     manifest = json.loads((work / "wheels" / "manifest.json").read_text())
-    cold_wheels = {w["package"]: w for w in manifest["wheels"]}
+    # The lock's packages: the runtime closure's wheels ([runtime], origin "fetched") are downloaded, not built.
+    cold_wheels = {w["package"]: w for w in manifest["wheels"] if w.get("origin") != "fetched"}
     shutil.rmtree(work / "wheels")
     for state in work.glob(".doit.db*"):
         state.unlink()
@@ -635,6 +686,10 @@ def main() -> int:
     print("wheels: " + ", ".join(f"{n} {w['size'] / 1e6:.1f} MB" for n, w in cold_wheels.items()), flush=True)
     save()
 
+    if args.repro:
+        repro_figures(args, work, env, result, names)
+        save()
+
     if cache_server is not None:
         # A second, empty workspace (no wheel cache, no object cache) restores everything from the remote.
         fresh = work / "fresh"
@@ -642,7 +697,11 @@ def main() -> int:
         sent_before = cache_server.bytes_sent
         wall, cpu, _ = timed(doit_cmd(args, fresh, "wheels") + remote_vars, cwd=work, env=env, log=log)
         fresh_manifest = json.loads((fresh / "wheels" / "manifest.json").read_text())
-        same = all(cold_wheels[w["package"]]["sha256"] == w["sha256"] for w in fresh_manifest["wheels"])
+        same = all(
+            cold_wheels[w["package"]]["sha256"] == w["sha256"]
+            for w in fresh_manifest["wheels"]
+            if w.get("origin") != "fetched"
+        )
         built = [n for n in names if (fresh / "build" / "logs" / f"build-{n}.log").exists()]
         result["remote"] = {
             "uploaded_bytes": cache_server.bytes_received,
@@ -755,6 +814,8 @@ def main() -> int:
         f"restore from cache (wheels/ and doit state deleted): {result['restore_s']} s, "
         f"{result['restore_per_wheel_s']} s per wheel"
     )
+    if args.repro:
+        print(repro_line(result))
     save()
     return 0
 

@@ -325,7 +325,7 @@ class Context:
                 budget = plan_budget(
                     cores=os.cpu_count() or 1,
                     mem_gb=mem,
-                    heaviest_gb=max((p.mem_per_job_gb for p in building), default=0.0),
+                    heaviest_gb=max((p.mem_per_job_gb for p in (*building, *self._rebuilt())), default=0.0),
                     jobs=self.settings.jobs,
                     mem_source=source,
                     per_unit=per_unit,
@@ -341,6 +341,16 @@ class Context:
                 print(f"job budget: {budget.slots} ({budget.reason}); {self._jobserver.describe()}", flush=True)
                 self._make_forecast(building, (budget.slots, mem * 1024 if per_unit and mem is not None else None))
             return self._jobserver
+
+    def _rebuilt(self) -> list[Package]:
+        """The packages ``doit repro`` rebuilds in this run (its pkgs=, else all), where the command line asks
+        for it: they build beside each other on the run's budget, as ``doit wheels``'s builds do."""
+        from tasks.cli import requested_tasks
+
+        if "repro" not in requested_tasks(sys.argv[1:]):
+            return []
+        names = set(self.settings.pkgs)
+        return [p for p in self.active if not names or p.name in names]
 
     def objcache(self) -> ObjectCache | None:
         """The compile-object cache, set up on first use; None when off or when ccache is missing."""

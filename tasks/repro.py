@@ -8,6 +8,13 @@ wheel cache, and its normalised wheel compared by sha256 with the one in
 ``build/repro/wheels/`` and the report says which members differ and how
 (sizes, hashes, ELF sections, strings only one side has, a diff of text
 files), plus diffoscope's full report where diffoscope is installed.
+
+The rebuilds run at once, as many as ``doit wheels`` builds (:data:`AT_ONCE`),
+in threads of the one task: their compilers take the run's job tokens and
+memory room through the same broker and gate as the builds of ``doit
+wheels`` (tasks/jobserver.py), at their packages' priorities, so a repro of
+the stack costs about one cold build, not the sum of its packages'. Each
+rebuild logs to ``build/logs/repro-<pkg>.log`` and has its own heartbeat.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import difflib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -31,6 +40,10 @@ from tasks.timeline import Progress
 from tasks.treehash import file_sha256
 from tasks.wheeldiff import compare_wheels
 from tasks.wheelhouse import is_current, read_manifest
+
+#: How many packages ``doit repro`` rebuilds at once: as many as ``doit wheels`` builds, doit's
+#: ``num_process`` (tasks/dodo.py). Their compilers share the run's job budget either way.
+AT_ONCE = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +190,57 @@ def rebuild(ctx: Context, pkg: Package, filename: str, directory: Path) -> Resul
     return replace(result, differences=differences, kept=str(kept), diffoscope=str(report or ""))
 
 
+def rebuild_all(
+    ctx: Context, chosen: Sequence[Package], filenames: dict[str, str], directory: Path
+) -> tuple[Result, ...]:
+    """Rebuild ``chosen`` at once (at most :data:`AT_ONCE`, started in lock order) and return their results in
+    lock order.
+
+    Their compilers share the run's job budget, priorities and memory admission (compile_wheel opens each
+    package's session with the run's broker), as ``doit wheels``'s builds do. As doit does with failed
+    build tasks, the first failure starts no further rebuild (a line says so at once), lets the running ones
+    end, and is raised (the others' in a line each). On Ctrl-C the interrupt handler (tasks/proc.py) stops
+    every rebuild's process group, and each ends with its "interrupted" error.
+    """
+    if not chosen:
+        return ()
+    results: dict[str, Result] = {}
+    failures: list[tuple[str, BaseException]] = []
+    pool = ThreadPoolExecutor(max_workers=min(AT_ONCE, len(chosen)), thread_name_prefix="repro")
+    try:
+        futures: dict[Future[Result], str] = {
+            pool.submit(rebuild, ctx, pkg, filenames[pkg.name], directory): pkg.name for pkg in chosen
+        }
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                name = futures[future]
+                exc = future.exception()
+                if exc is None:
+                    result = results[name] = future.result()
+                    status = "identical" if result.identical else "DIFFERENT"
+                    print(f"rebuilt {name} in {result.seconds:.1f}s: {status}", flush=True)
+                    continue
+                failures.append((name, exc))
+                pending = {f for f in pending if not f.cancel()}  # start no other rebuild
+                line = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+                if len(failures) > 1:  # the first is raised in full below
+                    print(f"doit repro: the rebuild of {name} failed too: {line}", file=sys.stderr, flush=True)
+                elif pending:
+                    print(
+                        f"doit repro: the rebuild of {name} failed: {line}; waiting for the {len(pending)} running "
+                        "rebuild(s) to end",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if failures:
+        raise failures[0][1]
+    return tuple(results[pkg.name] for pkg in chosen)
+
+
 def run_repro(ctx: Context, names: Sequence[str] = ()) -> Report:
     """Rebuild the chosen packages and compare; raise :class:`ReproMismatch` when any wheel differs."""
     wheels = ctx.settings.wheels
@@ -192,7 +256,7 @@ def run_repro(ctx: Context, names: Sequence[str] = ()) -> Report:
     directory = (ctx.settings.builddir / "repro").absolute()
     rmtree(directory)
     directory.mkdir(parents=True)
-    results = tuple(rebuild(ctx, pkg, filenames[pkg.name], directory) for pkg in chosen)
+    results = rebuild_all(ctx, chosen, filenames, directory)
     report = Report(results=results, wheels=str(wheels), directory=str(directory))
     write_atomic(directory / "report.txt", report.render())
     write_atomic(directory / "report.json", report.to_json())

@@ -8,8 +8,10 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +227,72 @@ def test_nvcc_internal_names_do_not_depend_on_the_process(tmp_path: Path) -> Non
     assert build("plain1.so", seed=False) != build("plain2.so", seed=False)
     # ... with the flags every build gets, they are identical.
     assert build("seeded1.so", seed=True) == build("seeded2.so", seed=True)
+
+
+def unit_spans(units_log: str) -> list[tuple[str, str, float, float]]:
+    """(package, unit, start, end) of every compile the last run's broker admitted, from its units.log."""
+    run = units_log.rsplit("\n# ", 1)[-1]  # the log grows by run; each starts with a "# <time> run" line
+    started: dict[tuple[str, str], list[float]] = {}
+    spans = []
+    for line in run.splitlines():
+        words = line.split()
+        if len(words) < 4 or line.startswith("#"):
+            continue
+        at, event, package, unit = float(words[0]), words[1], words[2], words[3]
+        if event in ("start", "retry"):
+            started.setdefault((package, unit), []).append(at)
+        elif event == "end" and started.get((package, unit)):
+            spans.append((package, unit, started[package, unit].pop(0), at))
+    return spans
+
+
+@pytest.mark.needs_nvcc
+def test_doit_repro_rebuilds_packages_at_once_on_the_runs_job_budget(
+    quick_cache: Path, tmp_path: Path, server: object
+) -> None:
+    """The rebuilds run at once, their compiles admitted by the run's one broker (units.log), and still compare."""
+    ws = make_workspace(tmp_path / "ws", copy_cache(quick_cache, tmp_path / "cache"), server.url)  # type: ignore[attr-defined]
+    res = ws.doit("repro", "profile=quick", "jobs=4")
+    assert built_packages(res.stdout) == []  # the wheels are the cache's: nothing but the rebuilds compiles
+    assert "3 of 3 wheel(s) identical" in res.stdout, res.stdout
+    assert len(re.findall(r"^job budget: 4 \(jobs=4\b.*; jobserver with 4 slots", res.stdout, flags=re.M)) == 1
+    for name in ("repro_pure", "repro_pybind", "repro_cuda"):
+        assert re.search(rf"^rebuilt {name} in [\d.]+s: identical$", res.stdout, flags=re.M), res.stdout
+        assert (ws.root / "build" / "logs" / f"repro-{name}.log").is_file()  # each rebuild has its own log
+    # Every compile of the two compiled packages ran (no object cache) through the run's broker ...
+    spans = unit_spans((ws.root / "build" / "logs" / "units.log").read_text())
+    packages = {p for p, *_ in spans}
+    assert packages == {"repro_pybind", "repro_cuda"}, spans
+    # ... and at some moment units of both were in flight: the rebuilds overlapped.
+    overlapping = [(a, b) for a in spans for b in spans if a[0] < b[0] and max(a[2], b[2]) < min(a[3], b[3])]
+    assert overlapping, f"no compile of one package ran while one of another did: {spans}"
+    report = json.loads((ws.root / "build" / "repro" / "report.json").read_text())
+    assert report["ok"] and [r["package"] for r in report["results"]] == ["repro_pure", "repro_pybind", "repro_cuda"]
+
+
+@pytest.mark.needs_nvcc
+def test_sigint_during_parallel_repro_stops_every_rebuild(quick_cache: Path, tmp_path: Path, server: object) -> None:
+    ws = make_workspace(tmp_path / "ws", copy_cache(quick_cache, tmp_path / "cache"), server.url)  # type: ignore[attr-defined]
+    ws.doit("wheels", "profile=quick")
+    proc = ws.popen("repro", "profile=quick", "jobs=4")
+    logs = [ws.root / "build" / "logs" / f"repro-{name}.log" for name in ("repro_pybind", "repro_cuda")]
+    units = ws.root / "build" / "logs" / "units.log"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (
+        all(log.exists() and "pip" in log.read_text() for log in logs)
+        and units.exists()
+        and " start " in units.read_text()
+    ):
+        time.sleep(0.1)
+    assert proc.poll() is None, "the rebuilds finished before they could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out
+    assert "Traceback" not in out
+    assert any("interrupted" in log.read_text() for log in logs), out
+    assert not (ws.root / "build" / "repro" / "report.txt").exists()
+    repro_dir = ws.root / "build" / "repro"
+    assert not any(p.name.endswith("-rebuild") for p in repro_dir.iterdir()), list(repro_dir.iterdir())
+    assert not any((ws.cache / "tmp").iterdir())
+    time.sleep(1)  # no compiler left running in the background
+    assert str(ws.root) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
