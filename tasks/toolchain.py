@@ -329,7 +329,7 @@ def torch_requirement(info: Mapping[str, Any]) -> str:
     found = info["python"].get("torch")
     if not found:
         raise ToolchainError(f"torch is not importable by {sys.executable}, yet the package builds against it")
-    version = str(info["python"].get("dists", {}).get("torch") or found["version"])
+    version = str(info.get("dists", {}).get("torch") or found["version"])
     try:
         Version(version)
     except InvalidVersion:

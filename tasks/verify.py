@@ -951,10 +951,16 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         # .pth line, as the GPU hosts' do): a .pth line is not read for .pth files of the directory it adds.
         runner_dir = str(RUNNER.parent)
         pth_dirs: list[str] = []
+        # Only directories of installed distributions: an editable install's line names a checkout, which may
+        # hold the scratch venv itself (a checkout's build/verify/venv), and would make it the tool's own.
         for d in [*base.get("site_dirs", []), *base.get("sys_path", [])]:
             if d in pth_dirs or d == runner_dir or not Path(d).is_dir():
                 continue
-            if d in base.get("site_dirs", []) or not _is_base_site(Path(d), base):
+            if session.venv.resolve().is_relative_to(Path(d).resolve()):
+                continue
+            if d in base.get("site_dirs", []) or (
+                not _is_base_site(Path(d), base) and next(Path(d).glob("*.dist-info"), None) is not None
+            ):
                 pth_dirs.append(d)
         for site_dir in _venv_site_dirs(session.venv):
             write_atomic(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))

@@ -459,8 +459,18 @@ def test_lock_pins_the_digest_and_image_builds_on_it(
     _docker("tag", base_id, local)
     pulled = tag = ""
     try:
+        # skopeo's docker-daemon: transport reads no DOCKER_HOST (CI's daemon has its own socket): say it.
+        host = ["--src-daemon-host", os.environ["DOCKER_HOST"]] if os.environ.get("DOCKER_HOST") else []
         subprocess.run(
-            ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"docker-daemon:{local}", f"docker://{ref}"],
+            [
+                "skopeo",
+                "copy",
+                "--quiet",
+                "--dest-tls-verify=false",
+                *host,
+                f"docker-daemon:{local}",
+                f"docker://{ref}",
+            ],
             check=True,
             capture_output=True,
         )

@@ -51,7 +51,7 @@ from conftest import (
 from serve import FixtureServer
 
 from tasks.cache import Cache
-from tasks.remote import Remote
+from tasks.remote import Remote, history_key
 
 pytestmark = pytest.mark.integration
 
@@ -346,7 +346,9 @@ def test_nothing_is_written_without_remote_write(s3: S3Server, tmp_path: Path, s
     res = ws.doit("build:repro_pure", f"remote=s3://{BUCKET}", "remote_write=on")
     assert built_packages(res.stdout) == []
     (entry,) = entries(ws.cache).values()
-    assert sorted(s3.objects()) == [f"ac/{entry['key']}", f"cas/{entry['sha256']}"]
+    # The record, the package's history (for doit plan) and the wheel.
+    expected = [f"ac/{entry['key']}", f"ac/{history_key('repro_pure')}", f"cas/{entry['sha256']}"]
+    assert sorted(s3.objects()) == sorted(expected)
 
 
 @pytest.mark.needs_nvcc

@@ -97,7 +97,26 @@ def test_the_torch_pin_is_the_installed_distributions_version_not_torch_version(
     2.11.0+cu130: a Requires-Dist on the latter is one pip finds no torch for (seen on that host)."""
     from tasks.toolchain import torch_requirement
 
-    info = {"python": {"torch": {"version": "2.11.0+cu130", "cuda": "13.0"}, "dists": {"torch": "2.11.0"}}}
+    # the shape probe() returns: the interpreter's findings under "python", its distributions beside them
+    info = {"python": {"torch": {"version": "2.11.0+cu130", "cuda": "13.0"}}, "dists": {"torch": "2.11.0"}}
     assert torch_requirement(info) == "torch==2.11.0"
-    info["python"]["dists"] = {"torch": "2.11.0+cu130"}  # the PyTorch index's wheels carry the label
+    info["dists"] = {"torch": "2.11.0+cu130"}  # the PyTorch index's wheels carry the label
     assert torch_requirement(info) == "torch==2.11.0+cu130"
+
+
+def test_the_probe_pins_the_torch_distribution_pip_sees(tmp_path: Path) -> None:
+    """End to end through the real probe: a torch whose module says 9.9.9+cu999 and whose distribution (the
+    METADATA pip reads) says 9.9.9, first on PYTHONPATH, is pinned as pip will see it."""
+    from tasks.toolchain import probe, torch_requirement
+
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "__version__ = '9.9.9+cu999'\nclass version:\n    cuda = '99.9'\n    git_version = ''\n"
+        "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n"
+    )
+    (tmp_path / "torch-9.9.9.dist-info").mkdir()
+    (tmp_path / "torch-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n")
+    info = probe({**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert info["python"]["torch"]["version"] == "9.9.9+cu999"
+    assert torch_requirement(info) == "torch==9.9.9"
