@@ -746,18 +746,9 @@ def task_unbundle() -> TaskDict:
 
 def only_plan(argv: list[str]) -> bool:
     """Whether doit's command line runs the ``plan`` task and nothing else (it takes no workspace lock)."""
-    from tasks.workspace import VALUE_OPTIONS
+    from tasks.cli import requested_tasks
 
-    words, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in VALUE_OPTIONS:
-            skip = True
-        elif "=" not in arg and not arg.startswith("-"):
-            words.append(arg)
-    return words in (["plan"], ["run", "plan"])
+    return requested_tasks(argv) == {"plan"}
 
 
 @guarded
