@@ -116,12 +116,42 @@ def _own_files(dist: importlib.metadata.Distribution) -> Iterator[tuple[str, Pat
         for path in sorted(docker.iterdir()) if docker is not None else []:
             if path.is_file():
                 yield f"tasks/docker/{path.name}", path
+    _check_current(dist, package.parent / "pyproject.toml")
     info = f"{TOOL}-{dist.version}.dist-info"
     metadata = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
     yield f"{info}/METADATA", metadata.encode()
     yield f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: reprostack\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     yield f"{info}/entry_points.txt", (dist.read_text("entry_points.txt") or "").encode()
     yield f"{info}/top_level.txt", b"tasks\n"
+
+
+def _check_current(dist: importlib.metadata.Distribution, pyproject: Path) -> None:
+    """In a checkout, the installed metadata (an editable install's .dist-info) must still be pyproject.toml's:
+    one made before a command or dependency was added would give a tool wheel without them (seen: a
+    bundle's tool installed with no ``reprostack`` command)."""
+    if not pyproject.is_file():
+        return
+    import tomllib
+
+    from tasks.errors import ReproError
+
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    scripts = {ep.name for ep in dist.entry_points if ep.group == "console_scripts"}
+    wanted = set(project.get("scripts", {}))
+    requires = {r.split(";")[0].replace(" ", "") for r in dist.requires or [] if "extra ==" not in r}
+    needed = {d.replace(" ", "") for d in project.get("dependencies", [])}
+    stale = []
+    if wanted - scripts:
+        stale.append(f"commands {', '.join(sorted(wanted - scripts))}")
+    if needed - requires:
+        stale.append(f"dependencies {', '.join(sorted(needed - requires))}")
+    if project.get("version", dist.version) != dist.version:
+        stale.append(f"version {project['version']}")
+    if stale:
+        raise ReproError(
+            f"the installed {TOOL} {dist.version} lacks what {pyproject} now says ({'; '.join(stale)}): "
+            "reinstall it (bash scripts/bootstrap.sh) before writing the tool's wheels"
+        )
 
 
 def _write_wheel(dest: Path, files: Iterator[tuple[str, Path | bytes]]) -> None:

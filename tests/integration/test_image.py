@@ -576,3 +576,30 @@ def test_no_docker_daemon_is_a_clear_error(tmp_path: Path, server: object) -> No
     text = res.stdout + res.stderr
     assert res.returncode != 0 and "ImageError: docker: cannot reach the docker daemon" in text, text
     assert "sudo systemctl start docker" in text and "Traceback" not in text
+
+
+def test_a_bundle_unpacks_and_the_tool_installs_in_an_offline_container_with_only_python3(
+    docker_ready: None, base_id: str, quick_cache: Path, server: object, tmp_path: Path
+) -> None:
+    """The air-gapped host as the issue (29) describes it: a container without network holding the distribution's
+    python3 (the runtime base: python3, its venv and pip, nothing of ours) and the bundle file. The command
+    `doit bundle` printed checks and unpacks it there, and the tool installs from the bundle's own wheels with
+    --no-index, then runs."""
+    ws = make_workspace(tmp_path / "ws", copy_cache(quick_cache, tmp_path / "cache"), server.url)  # type: ignore[attr-defined]
+    ws.doit("wheels", "profile=quick")
+    res = ws.doit("bundle", "profile=quick")
+    (bundle,) = (ws.root / "build" / "bundle").glob("reprostack-*-quick.tar")
+    (printed,) = [line for line in res.stdout.splitlines() if "with only python3" in line]
+    command = printed.split(": ", 1)[1].replace(" DIR", " /site/stack")  # run in /site, beside the bundle
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy2(bundle, site / bundle.name)
+    shutil.copy2(bundle.with_name(bundle.name + ".sha256"), site / (bundle.name + ".sha256"))
+    script = (
+        f"set -e; cd /site; {command}; python3 -m venv /opt/tool; "
+        "/opt/tool/bin/pip install -q --no-index --find-links stack/tool --require-hashes "
+        "-r stack/tool/requirements.txt; cd /tmp && /opt/tool/bin/reprostack help; ls /site/stack/wheels"
+    )
+    out = _docker("run", "--rm", "--network", "none", "-v", f"{site}:/site", base_id, "sh", "-c", script, timeout=900)
+    assert "repro_pure" in out.stdout, out.stdout + out.stderr
+    assert (site / "stack" / "wheels" / "manifest.json").is_file()

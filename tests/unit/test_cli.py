@@ -114,3 +114,17 @@ def test_workspace_settings_nested_too_deeply_are_one_error(tmp_path: Path) -> N
     (tmp_path / "reprostack.toml").write_text("lock = " + "[" * 50_000 + "]" * 50_000 + "\n")
     with pytest.raises(ReproError, match="nested too deeply"):
         workspace_defaults(tmp_path)
+
+
+def test_the_tools_wheel_is_not_written_from_metadata_older_than_pyproject(tmp_path: Path) -> None:
+    """An editable install made before pyproject.toml gained a command gave a tool wheel without it."""
+    from tasks.errors import ReproError
+    from tasks.selfwheels import _check_current
+
+    dist = importlib.metadata.distribution("reprostack")
+    _check_current(dist, REPO / "pyproject.toml")  # this checkout's install is current
+    text = (REPO / "pyproject.toml").read_text()
+    newer = text.replace("[project.scripts]\n", '[project.scripts]\nreprostack-new = "tasks.cli:main"\n')
+    (tmp_path / "pyproject.toml").write_text(newer)
+    with pytest.raises(ReproError, match=r"commands reprostack-new.*bootstrap\.sh"):
+        _check_current(dist, tmp_path / "pyproject.toml")
