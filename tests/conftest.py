@@ -89,6 +89,18 @@ def require(message: str) -> NoReturn:
 EXAMPLE_URL = "http://127.0.0.1:8737"
 
 
+@pytest.fixture
+def spawned() -> Iterator[list[subprocess.Popen[str]]]:
+    """The processes a test starts (append them), killed whatever the test's outcome: no stray run, and no
+    ResourceWarning of its pipes, in a later test."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+
+
 @pytest.fixture(scope="session")
 def published(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("published")

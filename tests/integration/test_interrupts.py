@@ -93,22 +93,11 @@ def trickle(published: Path) -> Iterator[TrickleServer]:
         yield srv
 
 
-@pytest.fixture
-def runs() -> Iterator[list[subprocess.Popen[str]]]:
-    """The doit runs a test started, killed whatever the test's outcome."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
-
-
-def start(ws: Workspace, runs: list[subprocess.Popen[str]], srv: TrickleServer, *args: str) -> subprocess.Popen[str]:
+def start(ws: Workspace, spawned: list[subprocess.Popen[str]], srv: TrickleServer, *args: str) -> subprocess.Popen[str]:
     """``doit ARGS``, returned once a trickled download of it has begun."""
     srv.started.clear()
     proc = ws.popen(*args)
-    runs.append(proc)
+    spawned.append(proc)
     deadline = time.monotonic() + 300  # a loaded host: the pure package builds before the closure fetches
     while not srv.started.wait(0.2):
         assert proc.poll() is None, f"the run ended before its download: {proc.communicate()[0]}"
@@ -143,12 +132,12 @@ def stopped_cleanly(proc: subprocess.Popen[str], sig: signal.Signals, ws: Worksp
 def test_an_interrupted_source_archive_download_stops_cleanly(
     tmp_path: Path,
     trickle: TrickleServer,
-    runs: list[subprocess.Popen[str]],
+    spawned: list[subprocess.Popen[str]],
     sig: signal.Signals,
     options: tuple[str, ...],
 ) -> None:
     ws = make_workspace(tmp_path / "ws", tmp_path / "cache", trickle.url)
-    proc = start(ws, runs, trickle, *options, "fetch:repro-pybind")
+    proc = start(ws, spawned, trickle, *options, "fetch:repro-pybind")
     assert [n for n in temporaries(ws.cache) if n.startswith("src-repro-pybind.")], "no download under way"
     out = stopped_cleanly(proc, sig, ws)
     assert "Interrupted: download of http://127.0.0.1:" in out and "repro_pybind-0.1.0.tar interrupted" in out, out
@@ -160,11 +149,11 @@ def test_an_interrupted_source_archive_download_stops_cleanly(
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_an_interrupted_closure_wheel_download_stops_cleanly(
-    tmp_path: Path, trickle: TrickleServer, runs: list[subprocess.Popen[str]], sig: signal.Signals
+    tmp_path: Path, trickle: TrickleServer, spawned: list[subprocess.Popen[str]], sig: signal.Signals
 ) -> None:
     ws = make_workspace(tmp_path / "ws", tmp_path / "cache", trickle.url)
     ws.lock.write_text(ws.lock.read_text() + PURE)
-    proc = start(ws, runs, trickle, "wheels", "profile=pure")
+    proc = start(ws, spawned, trickle, "wheels", "profile=pure")
     assert [n for n in temporaries(ws.cache) if n.startswith(".fetch-")], "no closure download under way"
     out = stopped_cleanly(proc, sig, ws)
     assert "Interrupted: download of http://127.0.0.1:" in out and ".whl interrupted" in out, out
@@ -176,14 +165,14 @@ def test_an_interrupted_closure_wheel_download_stops_cleanly(
 
 
 def test_what_a_killed_download_left_is_removed_by_the_next_run_but_a_live_runs_is_kept(
-    tmp_path: Path, trickle: TrickleServer, runs: list[subprocess.Popen[str]]
+    tmp_path: Path, trickle: TrickleServer, spawned: list[subprocess.Popen[str]]
 ) -> None:
     """SIGKILL leaves the half-downloaded archive in the cache; the next run that uses the cache, from
     another workspace (so not through the killed run's own record), removes it, and never the
     temporary tree of a run that is still downloading."""
     cache = tmp_path / "cache"
     killed_ws = make_workspace(tmp_path / "killed", cache, trickle.url)
-    killed = start(killed_ws, runs, trickle, "fetch:repro-pybind")
+    killed = start(killed_ws, spawned, trickle, "fetch:repro-pybind")
     killed.send_signal(signal.SIGKILL)
     killed.communicate(timeout=60)
     left = [n for n in temporaries(cache) if not n.endswith(".lock")]
@@ -192,7 +181,7 @@ def test_what_a_killed_download_left_is_removed_by_the_next_run_but_a_live_runs_
 
     # The next run, from another workspace (so not through the killed run's own record): it removes
     # the leftover as it starts, and downloads in turn.
-    live = start(make_workspace(tmp_path / "live", cache, trickle.url), runs, trickle, "fetch:repro-cuda")
+    live = start(make_workspace(tmp_path / "live", cache, trickle.url), spawned, trickle, "fetch:repro-cuda")
     assert not (cache / "tmp" / left[0]).exists()
     live_tmp = [n for n in temporaries(cache) if not n.endswith(".lock")]
     assert len(live_tmp) == 1 and live_tmp[0].startswith("src-repro-cuda."), live_tmp

@@ -10,10 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tasks.cache import Cache, sweep, temporary_dir
 
@@ -30,17 +27,7 @@ with temporary_dir(Path(sys.argv[1]), sys.argv[2]) as tmp:
 """
 
 
-@pytest.fixture
-def holders() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
-
-
-def hold(holders: list[subprocess.Popen[str]], parent: Path, prefix: str) -> tuple[subprocess.Popen[str], Path]:
+def hold(spawned: list[subprocess.Popen[str]], parent: Path, prefix: str) -> tuple[subprocess.Popen[str], Path]:
     """A process holding a temporary tree under ``parent``, and that tree."""
     p = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(parent), prefix],
@@ -48,18 +35,18 @@ def hold(holders: list[subprocess.Popen[str]], parent: Path, prefix: str) -> tup
         stdout=subprocess.PIPE,
         text=True,
     )
-    holders.append(p)
+    spawned.append(p)
     assert p.stdout is not None
     return p, Path(p.stdout.readline().strip())
 
 
 def test_a_live_runs_tree_is_kept_and_a_killed_runs_removed(
-    tmp_path: Path, holders: list[subprocess.Popen[str]]
+    tmp_path: Path, spawned: list[subprocess.Popen[str]]
 ) -> None:
     cache = Cache(tmp_path / "cache")
     cache.ensure()
-    live, kept = hold(holders, cache.root / "tmp", "src-live.")
-    killed, left = hold(holders, cache.root / "fetched", ".fetch-")
+    live, kept = hold(spawned, cache.root / "tmp", "src-live.")
+    killed, left = hold(spawned, cache.root / "fetched", ".fetch-")
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert left.is_dir() and (left / "partial").is_file()  # SIGKILL runs no cleanup

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,19 +120,8 @@ sys.exit(1)
 """
 
 
-@pytest.fixture
-def workers() -> Iterator[list[subprocess.Popen[str]]]:
-    """The worker processes a test started, killed whatever the test's outcome (no stray run in later tests)."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
-
-
 def _start_worker(
-    workers: list[subprocess.Popen[str]], tmp_path: Path, cleanup_s: float, late: str = "-", thread: str = "worker"
+    spawned: list[subprocess.Popen[str]], tmp_path: Path, cleanup_s: float, late: str = "-", thread: str = "worker"
 ) -> subprocess.Popen[str]:
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(repo))
@@ -143,7 +131,7 @@ def _start_worker(
         stderr=subprocess.PIPE,
         text=True,
     )
-    workers.append(p)
+    spawned.append(p)
     log = tmp_path / "build.log"
     deadline = time.monotonic() + 60
     # The command's own line: the log's first line, the command echoed, names "started" too
@@ -158,13 +146,13 @@ def _start_worker(
     ("late", "thread"), [("-", "worker"), ("register", "worker"), ("wait", "worker"), ("register", "main")]
 )
 def test_ctrl_c_lets_the_worker_thread_clean_up(
-    tmp_path: Path, workers: list[subprocess.Popen[str]], late: str, thread: str
+    tmp_path: Path, spawned: list[subprocess.Popen[str]], late: str, thread: str
 ) -> None:
     # register: the Ctrl-C comes between the fork and the command's registration; the handler found
     # nothing running, raised KeyboardInterrupt and left the command running.
     # wait: the handler stops the command before its thread waits for it; the handler used to reap
     # it too, and the thread's wait4 then died with ECHILD (no "interrupted", no cleanup).
-    p = _start_worker(workers, tmp_path, cleanup_s=1.0, late=late, thread=thread)
+    p = _start_worker(spawned, tmp_path, cleanup_s=1.0, late=late, thread=thread)
     p.send_signal(signal.SIGINT)
     _out, err = p.communicate(timeout=60)
     assert p.returncode == 1, err  # the worker's failure ended the run, not a KeyboardInterrupt
@@ -176,18 +164,18 @@ def test_ctrl_c_lets_the_worker_thread_clean_up(
     assert "cleaning up" in err
 
 
-def test_a_ctrl_c_another_thread_took_is_answered(tmp_path: Path, workers: list[subprocess.Popen[str]]) -> None:
+def test_a_ctrl_c_another_thread_took_is_answered(tmp_path: Path, spawned: list[subprocess.Popen[str]]) -> None:
     # The kernel may hand a Ctrl-C to any thread; Python runs the handler in the main thread, which
     # sat blocked on the queue (as doit's runner does) until the command ended on its own, 300 s on.
-    p = _start_worker(workers, tmp_path, cleanup_s=0.0, thread="bystander")
+    p = _start_worker(spawned, tmp_path, cleanup_s=0.0, thread="bystander")
     _out, err = p.communicate(timeout=30)
     assert p.returncode == 1, err
     assert "interrupted" in (tmp_path / "error.txt").read_text()
     assert "cleaning up" in err
 
 
-def test_second_ctrl_c_exits_at_once(tmp_path: Path, workers: list[subprocess.Popen[str]]) -> None:
-    p = _start_worker(workers, tmp_path, cleanup_s=120.0)
+def test_second_ctrl_c_exits_at_once(tmp_path: Path, spawned: list[subprocess.Popen[str]]) -> None:
+    p = _start_worker(spawned, tmp_path, cleanup_s=120.0)
     p.send_signal(signal.SIGINT)
     deadline = time.monotonic() + 30
     while not (tmp_path / "error.txt").exists():
