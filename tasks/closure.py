@@ -37,9 +37,9 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from tasks import pypi
+from tasks import docker, pypi
 from tasks.cache import rmtree, temporary_dir, warn
-from tasks.errors import LockError, VerificationError
+from tasks.errors import ImageError, LockError, VerificationError
 from tasks.index import wheel_metadata, wheel_problem
 from tasks.lockfile import Runtime
 from tasks.treehash import file_sha256
@@ -52,6 +52,8 @@ DEFAULT_PLATFORMS = (
     "manylinux1_x86_64",
 )
 STUB_LABEL = "provided"
+#: Run in the base's interpreter (standard library only) to capture what it holds.
+CAPTURE_SCRIPT = Path(__file__).resolve().with_name("capture_base.py")
 
 
 @dataclass(frozen=True)
@@ -257,40 +259,68 @@ def _pip_reason(stderr: str, target: Target, where: str) -> str:
     return f"[{where}] cannot be resolved for CPython {target.python} on {target.platforms[0]}:\n  {shown}"
 
 
-# Runs in the base's interpreter: every installed distribution (the first copy of a name on its path).
-_CAPTURE = r"""
-import json, sys
-import importlib.metadata as md
-out = {"python": "%d.%d" % sys.version_info[:2], "dists": {}}
-for d in md.distributions():
-    name = d.metadata["Name"]
-    if name and name.lower() not in out["dists"]:
-        out["dists"][name.lower()] = [d.version, list(d.requires or [])]
-print(json.dumps(out))
-"""
+def capture_base(
+    python: str, *, log: Path, image: str = "", capture: Path | None = None
+) -> tuple[str, dict[str, tuple[str, list[str]]]]:
+    """The base's CPython (``3.12``) and what it has installed: canonical name -> (version, its Requires-Dist).
 
-
-def capture_base(python: str, *, log: Path) -> tuple[str, dict[str, tuple[str, list[str]]]]:
-    """The base's CPython (``3.12``) and what its interpreter ``python`` has installed: canonical name ->
-    (version, its Requires-Dist), for ``[runtime] base_python``."""
-    cmd = [python, "-c", _CAPTURE]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LockError(f"[runtime] base_python = {python!r} cannot be run: {exc}") from None
+    From ``capture``, a document tasks/capture_base.py wrote on the node (``[runtime] base_capture``); else
+    by running that script in ``python``, in the image ``image`` where one is named (``base_image``: no
+    network, the script mounted read-only), or on this host (``base_python``)."""
+    what = f"[runtime] base_capture = {str(capture)!r}" if capture else (
+        f"[runtime] base_image = {image!r}" if image else f"[runtime] base_python = {python!r}")  # fmt: skip
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"$ {python} -c <capture>\n{res.stdout}{res.stderr}")
-    if res.returncode != 0:
-        raise LockError(f"[runtime] base_python = {python!r} failed (Python 3.8 or newer is needed); see {log}")
-    doc = json.loads(res.stdout)
+    if capture is not None:
+        try:
+            text = capture.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise LockError(f"{what} cannot be read: {exc}") from None
+    elif image:
+        text = _capture_in_image(image, python or "python3", log=log, what=what)
+    else:
+        cmd = [python, str(CAPTURE_SCRIPT)]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
+                                 check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LockError(f"{what} cannot be run: {exc}") from None
+        log.write_text(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
+        if res.returncode != 0:
+            raise LockError(f"{what} failed (Python 3.8 or newer is needed); see {log}")
+        text = res.stdout
+    return _parse_capture(text, what)
+
+
+def _capture_in_image(image: str, python: str, *, log: Path, what: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="repro-base-") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        try:
+            docker.run_container(
+                image, ["/repro/capture_base.py", "/out/base.json"], log=log, what=f"{what} (capture)",
+                mounts=[(CAPTURE_SCRIPT, "/repro/capture_base.py", True), (out, "/out", False)],
+                user=docker.current_user(), extra=["--entrypoint", python],
+            )  # fmt: skip
+            return (out / "base.json").read_text(encoding="utf-8")
+        except (ImageError, OSError) as exc:
+            raise LockError(f"{what}: the capture in the image failed ({exc}); see {log}") from None
+
+
+def _parse_capture(text: str, what: str) -> tuple[str, dict[str, tuple[str, list[str]]]]:
+    try:
+        doc = json.loads(text)
+        python, dists = str(doc["python"]), doc["dists"]
+        items = [(str(n), str(v), [str(r) for r in reqs]) for n, (v, reqs) in dists.items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LockError(f"{what} is not a capture of tasks/capture_base.py ({type(exc).__name__}: {exc})") from None
     found: dict[str, tuple[str, list[str]]] = {}
-    for name, (version, requires) in doc["dists"].items():
+    for name, version, requires in items:
         try:
             Version(version)
         except InvalidVersion:
             continue  # pip could not pin it either
         found[str(canonicalize_name(name))] = (version, [r for r in requires if _valid(r)])
-    return str(doc["python"]), dict(sorted(found.items()))
+    return python, dict(sorted(found.items()))
 
 
 def _valid(line: str) -> bool:

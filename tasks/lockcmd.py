@@ -231,11 +231,18 @@ def _lock_one_runtime(
     log = logs / ("lock-runtime.log" if where == "runtime" else f"lock-runtime-{profile}.log")
     base: dict[str, tuple[str, list[str]]] = {}
     written: list[str] = []
-    if runtime.base_python:  # the provided set is what the base holds, captured now
-        base_py, base = closure.capture_base(runtime.base_python, log=log.with_name(log.stem + "-base.log"))
+    if runtime.base_python or runtime.base_image or runtime.base_capture:  # the provided set: what the base holds
+        capture = None
+        if runtime.base_capture:
+            capture = lock_path.parent / runtime.base_capture
+            if not capture.resolve().is_relative_to(lock_path.parent.resolve()):
+                raise LockError(f"[{where}] base_capture {runtime.base_capture!r} leads out of the lock's folder")
+        base_py, base = closure.capture_base(runtime.base_python, image=runtime.base_image, capture=capture,
+                                             log=log.with_name(log.stem + "-base.log"))  # fmt: skip
         provided = tuple(sorted((name, version) for name, (version, _requires) in base.items()))
         if provided != runtime.provided:
-            written.append(f"provided ({len(provided)} distributions installed for {runtime.base_python})")
+            source = runtime.base_capture or runtime.base_image or runtime.base_python
+            written.append(f"provided ({len(provided)} distributions installed in {source})")
         runtime = replace(runtime, provided=provided, python=runtime.python or base_py)
     if not runtime.python:
         runtime = replace(runtime, python=f"{sys.version_info[0]}.{sys.version_info[1]}")
@@ -302,7 +309,7 @@ def _write_runtime_inputs(lock_path: Path, where: str, profile: str, runtime: Ru
     """``provided`` (captured from base_python) and ``python`` of a runtime section, into the lock file."""
     doc = tomlkit.parse(lock_path.read_text())
     table = doc["runtime"] if where == "runtime" else doc["profiles"][profile]["runtime"]
-    if runtime.base_python:
+    if runtime.base_python or runtime.base_image or runtime.base_capture:
         array = tomlkit.array()
         array.multiline(True)
         array.extend(f"{name}=={version}" for name, version in runtime.provided)

@@ -100,6 +100,11 @@ class Runtime:
     #: The base's interpreter (``[runtime] base_python``): `doit lock` captures ``provided`` from what it has
     #: installed, and the resolution keeps every requirement of those distributions ('' = provided by hand).
     base_python: str = ""
+    #: ``base_image``: the base is this image (``base_python`` the interpreter in it, python3 if unset).
+    base_image: str = ""
+    #: ``base_capture``: a capture of the base made on the node by tasks/capture_base.py (a path relative to
+    #: the lock's folder), for a base this host cannot run (a cluster node without network).
+    base_capture: str = ""
     platforms: tuple[str, ...] = ()  # pip --platform tags; empty: tasks/closure.py's default
     resolved: tuple[WheelPin, ...] = ()
     resolved_from: str = ""
@@ -843,6 +848,8 @@ RUNTIME_FIELDS = {
     "resolved_from": _Field(_is_sha256),
     "verify": _Field(_is_table),
     "base_python": _Field(_is_str),
+    "base_image": _Field(_is_str),
+    "base_capture": _Field(_is_str),
 }
 PYTHON_TARGET_RE = re.compile(r"^3\.\d+$")
 
@@ -899,7 +906,13 @@ def _parse_runtime(p: _Problems, raw: Any, where: str = "runtime") -> Runtime | 
         resolved_from=raw.get("resolved_from", ""),
         verify=Verify(imports=tuple(verify.get("imports", ())), smoke=verify.get("smoke", "")),
         base_python=raw.get("base_python", ""),
+        base_image=raw.get("base_image", ""),
+        base_capture=raw.get("base_capture", ""),
     )
+    if runtime.base_capture and (runtime.base_python or runtime.base_image):
+        p.add(where, "base_capture is a capture of the base made elsewhere: it takes no base_python or base_image")
+    if runtime.base_capture and leaves_folder(runtime.base_capture):
+        p.add(where, f"base_capture {runtime.base_capture!r} must be a path inside the lock's folder")
     # Resolved even without requirements of its own: the wheels' Requires-Dist enter the resolution.
     if "python" in raw and runtime.resolved_from != runtime.digest():
         p.unpinned(where, "the closure is not resolved for these requirements, provided set and target yet "

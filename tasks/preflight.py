@@ -294,6 +294,24 @@ def _public(version: str) -> str:
     return version.split("+")[0]
 
 
+def _release(public: str) -> tuple[object, ...]:
+    """``2.11`` and ``2.11.0`` alike (PEP 440 pads the release with zeros); other forms compared as written."""
+    parts: list[object] = [int(p) if p.isdigit() else p for p in public.lower().lstrip("v").split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def version_matches(installed: str, pin: str) -> bool:
+    """Whether pip takes ``installed`` for ``==pin``: a pin without a local label matches any local label of
+    its version (``==2.11.0`` takes ``2.11.0+cu130``, as pip does), one with a label only that label."""
+    have, _, have_local = installed.partition("+")
+    want, _, want_local = pin.partition("+")
+    if _release(have) != _release(want):
+        return False
+    return not want_local or have_local.lower() == want_local.lower()
+
+
 def torch_check(pins: dict[str, str], build: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     """The node's torch against the wheels' ``torch==`` pins and the torch they were compiled with."""
     versions = sorted(set(pins.values()))
@@ -315,12 +333,13 @@ def torch_check(pins: dict[str, str], build: dict[str, Any], node: dict[str, Any
     if info is None:
         return check("torch", "FAIL", "torch {} (cannot import: {})".format(installed, node.get("torch_error", "?")),
                      needed)  # fmt: skip
-    found = "torch {} (CUDA {}, C++11 ABI {})".format(info["version"], info["cuda"] or "none (CPU)",
+    shown = info["version"] if installed == info["version"] else f"{info['version']}, installed as {installed}"
+    found = "torch {} (CUDA {}, C++11 ABI {})".format(shown, info["cuda"] or "none (CPU)",
                                                       int(bool(info["cxx11_abi"])))  # fmt: skip
     problems = []
     target = want or build.get("torch", "")
-    if target and info["version"] != target:
-        problems.append("version {} is not {}".format(info["version"], target))
+    if target and not version_matches(installed, target):
+        problems.append(f"version {installed} is not {target}")
     if (info["cuda"] or "") != (build.get("torch_cuda") or ""):
         problems.append("CUDA {} is not {}".format(info["cuda"], build.get("torch_cuda") or None))
     if abi is not None and bool(info["cxx11_abi"]) != bool(abi):

@@ -587,6 +587,9 @@ class _Session:
         #: Site directories the scratch venv sees that the wheelhouse's own install command would not (this
         #: tool's venv, made visible for the base's torch): what is only there does not meet a requirement.
         self.foreign: list[str] = []
+        #: Distributions installed in this tool's own venv (not its base interpreter's, not provided): a
+        #: requirement of theirs that the wheelhouse breaks is the tool's, not the target's.
+        self.tool_own: set[str] = set()
 
     def log(self, name: str) -> Path:
         """``<log_dir>/<name>.log``, emptied the first time this run asks."""
@@ -831,17 +834,21 @@ def _pip_check_row(session: _Session, manifest: Manifest) -> Row:
     which the wheelhouse did not cause, is counted, not failed)."""
     done = session.run([*session.pip, "check"], log="pip-check", timeout=TOOL_TIMEOUT_S)
     ours = {_canonical(w.name) for w in manifest.wheels}
-    broken, elsewhere = [], 0
+    broken, elsewhere, tools = [], 0, []
     for line in done.output.splitlines():
         m = _PIP_CHECK_LINE.match(line.strip())
         if m is None:
             continue
         involved = {_canonical(m.group("name")), _canonical(m.group("missing") or m.group("dep") or "")}
-        if involved & ours:
+        if _canonical(m.group("name")) in session.tool_own:  # this tool's venv, not what the target holds
+            tools.append(m.group("name"))
+        elif involved & ours:
             broken.append(line.strip().rstrip("."))
         else:
             elsewhere += 1
     aside = f" ({_n(elsewhere, 'broken requirement')} of the base itself left aside)" if elsewhere else ""
+    if tools:
+        aside += f" (requirements of this tool's own venv left aside: {', '.join(sorted(set(tools)))})"
     if broken:
         return Row(package="wheelhouse", check="pip-check", status="FAIL",
                    detail="; ".join(broken) + f"{aside}: the wheelhouse breaks what the base holds (keep the base "
@@ -965,6 +972,13 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         for site_dir in _venv_site_dirs(session.venv):
             write_atomic(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
         session.foreign = [str(d) for d in pth_dirs if not _is_base_site(Path(d), base)]
+        provided = {_canonical(line.split("==")[0]) for line in session.provided}
+        for d in base.get("site_dirs", []):
+            if Path(d).is_dir() and not _is_base_site(Path(d), base):
+                for info in Path(d).glob("*.dist-info"):
+                    name = _canonical(info.name[: -len(".dist-info")].rsplit("-", 1)[0])
+                    if name not in provided:
+                        session.tool_own.add(name)
         note = f"; base venv {base.get('prefix')} visible through a .pth file (for what [runtime] provides only)"
     return Row(
         package="wheelhouse",

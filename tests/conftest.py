@@ -266,3 +266,35 @@ def entries(cache: Path) -> dict[str, dict[str, object]]:
         meta = json.loads(p.read_text())
         found[meta["package"]] = meta
     return found
+
+
+# The image tests' docker and runtime base (tests/integration/test_image.py, test_guard.py's base_image).
+@pytest.fixture(scope="session")
+def docker_ready() -> None:
+    reason = ""
+    if shutil.which("docker") is None:
+        reason = "the docker command is not installed (Debian: apt-get install docker.io)"
+    else:
+        res = subprocess.run(["docker", "info"], capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            reason = f"cannot reach the docker daemon: {res.stderr.strip()[-300:]} (start dockerd; .ci/run does)"
+    if reason:
+        require(f"no docker for the image tests: {reason} (with CI=true this is a failure)")
+
+
+@pytest.fixture(scope="session")
+def base_id(docker_ready: None) -> str:
+    """The runtime base: REPRO_TEST_BASE (an image ID) or the one make-base-image.sh makes (cached by tag)."""
+    given = os.environ.get("REPRO_TEST_BASE", "")
+    if given:
+        return given
+    res = subprocess.run(
+        ["bash", str(REPO / "scripts" / "make-base-image.sh"), "runtime"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    if res.returncode != 0:
+        pytest.fail(f"scripts/make-base-image.sh runtime failed:\n{res.stderr[-3000:]}", pytrace=False)
+    return res.stdout.strip().splitlines()[-1]

@@ -190,6 +190,82 @@ def test_the_closure_keeps_the_base_whole(tmp_path: Path, published: Path) -> No
         assert ws.lock.read_text() == before  # nothing pinned
 
 
+def test_a_capture_made_on_the_node_keeps_its_base_whole(tmp_path: Path, published: Path) -> None:
+    """A base this host cannot run (a cluster node, offline): tasks/capture_base.py, run there with the node's
+    Python and nothing else, writes what it holds; `doit lock` reads that file (base_capture) as it would
+    the interpreter, and keeps the base's hub. A capture outside the lock's folder, or not a capture, is
+    refused in one line."""
+    index = _hub_index(published, tmp_path / "served")
+    base = _base(tmp_path / "base", index, "repro-sentence==6.0.1", "repro-hub==1.5.0")
+    node = tmp_path / "node"  # what a node has: its interpreter and the one script, copied there alone
+    node.mkdir()
+    shutil.copy(REPO / "tasks" / "capture_base.py", node / "capture_base.py")
+    with FixtureServer(index) as srv:
+        ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+        (ws.root / "bases").mkdir()
+        made = subprocess.run([str(base), "-I", str(node / "capture_base.py"), str(ws.root / "bases" / "node.json")],
+                              capture_output=True, text=True, check=False, cwd=node)  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        _runtime(ws, 'requirements = ["repro-hubuser", "repro-greeting>=0.3"]\nbase_capture = "bases/node.json"\n')
+        res = ws.doit("lock")
+        runtime = load_lock(ws.lock, require_pins=False).runtime
+        assert runtime is not None
+        provided = dict(runtime.provided)
+        assert provided["repro-sentence"] == "6.0.1" and provided["repro-hub"] == "1.5.0", res.stdout
+        assert "repro-hub" not in {p.name for p in runtime.resolved}
+        assert "repro-hubuser" in {p.name for p in runtime.resolved}
+        assert "installed in bases/node.json" in res.stdout, res.stdout
+
+        ws.edit_lock('requirements = ["repro-hubuser",', 'requirements = ["repro-newthing",')
+        res = ws.doit("lock", check=False)
+        assert res.returncode == 11 and "repro-sentence 6.0.1 (installed in the base)" in res.stderr, res.stderr
+
+        (ws.root / "bases" / "bad.json").write_text('{"python": "3.12"}')
+        for given, said in {
+            "../outside.json": "must be a path inside the lock's folder",
+            "bases/bad.json": "is not a capture of tasks/capture_base.py",
+            "bases/missing.json": "cannot be read",
+        }.items():
+            ws.edit_lock(re.search(r'base_capture = "[^"]*"', ws.lock.read_text()).group(0),  # type: ignore[union-attr]
+                         f'base_capture = "{given}"')  # fmt: skip
+            res = ws.doit("lock", check=False)
+            assert res.returncode != 0 and said in res.stderr, (given, res.stderr)
+            assert "Traceback" not in res.stderr
+
+
+@pytest.mark.needs_nvcc  # as test_image's: the base image's fixture
+def test_a_base_image_is_captured_in_the_image(tmp_path: Path, published: Path, base_id: str) -> None:
+    """base_image: `doit lock` runs the capture in the image (no network, the script mounted read-only) and
+    resolves around what the image's python3 holds."""
+    index = _hub_index(published, tmp_path / "served")
+    ctx = tmp_path / "image"
+    site = ctx / "site"
+    for wheel in ("repro_sentence-6.0.1", "repro_hub-1.5.0"):
+        with zipfile.ZipFile(next((index / "packages").glob(f"{wheel}-*.whl"))) as zf:
+            zf.extractall(site)
+    (ctx / "Dockerfile").write_text(f"FROM {base_id}\nCOPY site/ /usr/lib/python3/dist-packages/\n")
+    tag = f"reprostack-test-base-capture:{os.getpid()}"
+    built = subprocess.run(["docker", "build", "--network", "none", "-q", "-t", tag, str(ctx)], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    try:
+        with FixtureServer(index) as srv:
+            ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+            _runtime(ws, f'requirements = ["repro-hubuser", "repro-greeting>=0.3"]\nbase_image = "{tag}"\n')
+            res = ws.doit("lock")
+            runtime = load_lock(ws.lock, require_pins=False).runtime
+            assert runtime is not None
+            provided = dict(runtime.provided)
+            assert provided["repro-sentence"] == "6.0.1" and provided["repro-hub"] == "1.5.0", res.stdout
+            assert "repro-hub" not in {p.name for p in runtime.resolved}
+            image_python = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", tag,
+                                           "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+            assert runtime.python == image_python
+    finally:
+        subprocess.run(["docker", "image", "rm", "--force", tag], capture_output=True, check=False)
+
+
 def test_verify_runs_pip_check_over_base_and_wheelhouse(tmp_path: Path, published: Path) -> None:
     """The old way (a hand-written provided set) brings repro-hub 2.4.0 beside a base holding repro-sentence:
     verify's pip check over base plus wheelhouse fails, naming both."""

@@ -44,37 +44,6 @@ def _docker(*args: str, check: bool = True, timeout: float = 600) -> subprocess.
     return res
 
 
-@pytest.fixture(scope="session")
-def docker_ready() -> None:
-    reason = ""
-    if shutil.which("docker") is None:
-        reason = "the docker command is not installed (Debian: apt-get install docker.io)"
-    else:
-        res = subprocess.run(["docker", "info"], capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            reason = f"cannot reach the docker daemon: {res.stderr.strip()[-300:]} (start dockerd; .ci/run does)"
-    if reason:
-        require(f"no docker for the image tests: {reason} (with CI=true this is a failure)")
-
-
-@pytest.fixture(scope="session")
-def base_id(docker_ready: None) -> str:
-    """The runtime base: REPRO_TEST_BASE (an image ID) or the one make-base-image.sh makes (cached by tag)."""
-    given = os.environ.get("REPRO_TEST_BASE", "")
-    if given:
-        return given
-    res = subprocess.run(
-        ["bash", str(REPO / "scripts" / "make-base-image.sh"), "runtime"],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    if res.returncode != 0:
-        pytest.fail(f"scripts/make-base-image.sh runtime failed:\n{res.stderr[-3000:]}", pytrace=False)
-    return res.stdout.strip().splitlines()[-1]
-
-
 def image_table(base: str = "localhost/reprostack-base:bookworm") -> str:
     """The example lock's [image] table as the tests use it: their image name, a copy of docker/."""
     return f'[image]\nbase = "{base}"\nname = "{IMAGE_NAME}"\ndocker_dir = "docker"\n'

@@ -52,8 +52,13 @@ def _install(wheel: Path, site: Path) -> None:
         zf.extractall(site)
 
 
-def target(tmp: Path, *, torch: tuple[str, str | None, bool] | None, dists: dict[str, str] | None = None) -> Path:
-    """An interpreter (a venv) whose torch is a fixture distribution named torch: (version, CUDA, C++11 ABI)."""
+def target(
+    tmp: Path, *, torch: tuple[str, str | None, bool] | None, dists: dict[str, str] | None = None,
+    torch_dist: str = "",
+) -> Path:  # fmt: skip
+    """An interpreter (a venv) whose torch is a fixture distribution named torch: (version, CUDA, C++11 ABI);
+    ``torch_dist``: the distribution's version where it differs from ``torch.__version__`` (PyPI's CUDA torch
+    is the distribution 2.11.0 whose ``__version__`` says 2.11.0+cu130)."""
     env = tmp / "target"
     venv.EnvBuilder(with_pip=False).create(env)
     site, files = _site(env), tmp / "dists"
@@ -64,7 +69,7 @@ def target(tmp: Path, *, torch: tuple[str, str | None, bool] | None, dists: dict
             "torch/version.py": f"cuda = {cuda!r}\n".encode(),
             "torch/_C.py": f"_GLIBCXX_USE_CXX11_ABI = {abi!r}\n".encode(),
         }
-        _install(make_wheel(files, "torch", version, "py3-none-any", code), site)
+        _install(make_wheel(files, "torch", torch_dist or version, "py3-none-any", code), site)
     for name, version in (dists or {}).items():
         _install(make_wheel(files, name, version, "py3-none-any", {f"{name}_mod.py": b""}), site)
     return env / "bin" / "python"
@@ -213,6 +218,27 @@ def test_the_installed_torch_against_the_wheels_pin(tmp_path: Path) -> None:
         assert code == 21 and said in line(out, "torch"), (name, out)
     code, out, _doc = run(wheels, target(tmp_path / "none", torch=None), None)
     assert code == 21 and "torch not installed for this interpreter" in line(out, "torch")
+
+
+def test_a_pin_without_a_local_label_takes_pypis_cuda_torch_as_pip_does(tmp_path: Path) -> None:
+    """The wheels pin the build torch's distribution version; PyPI's CUDA torch is the distribution 2.11.0
+    whose __version__ is 2.11.0+cu130 (the GPU host's): pip takes it for ==2.11.0, and so does preflight.
+    A CPU torch of that version still fails, on its CUDA; another version, on its version."""
+    wheels = house(tmp_path, wheels=[("ext", f"{TAG}-{TAG}-{PLATFORM}", False)], torch_pin="2.11.0", archs=[])
+    host = target(tmp_path / "host", torch=("2.11.0+cu130", "13.0", True), torch_dist="2.11.0")
+    code, out, _doc = run(wheels, host, None)
+    assert code == 0, out
+    assert "found: torch 2.11.0+cu130, installed as 2.11.0 (CUDA 13.0, C++11 ABI 1)" in line(out, "torch")
+    cases = {
+        "cpu": (("2.11.0+cpu", None, True), "CUDA None is not 13.0"),
+        "other": (("2.10.0", "13.0", True), "version 2.10.0 is not 2.11.0"),
+        "short": (("2.11", "13.0", True), ""),
+    }
+    for name, (torch, said) in cases.items():
+        code, out, _doc = run(wheels, target(tmp_path / name, torch=torch), None)
+        assert (code == 21 and said in line(out, "torch")) if said else code == 0, (name, out)
+        if name == "cpu":
+            assert "version" not in line(out, "torch").split("--")[-1], out
 
 
 def test_the_installed_packages_against_the_provided_set(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ requirement the wheelhouse meets there is called unmet (both seen on the H100 ho
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sysconfig
 import venv
@@ -52,3 +53,45 @@ def test_the_scratch_venv_sees_the_tools_pth_dirs_but_not_a_checkout_holding_it(
     assert str(host) in session.foreign
     assert not any(session.venv.resolve().is_relative_to(Path(f).resolve()) for f in session.foreign), session.foreign
     assert sysconfig.get_paths()["stdlib"] not in session.foreign
+
+
+def _dist(site: Path, name: str, version: str, *requires: str) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", *(f"Requires-Dist: {r}\n" for r in requires)]
+    info.joinpath("METADATA").write_text("".join(lines))
+    info.joinpath("RECORD").write_text("")
+
+
+def test_pip_check_leaves_the_tools_own_venv_aside_but_not_the_base_it_sees(tmp_path: Path) -> None:
+    """On the GPU host, the tool's venv (reprostack pinning packaging==26.2) is visible to the scratch venv
+    beside the host's torch venv: the wheelhouse's packaging 26.3 breaks the tool's pin, which is not the
+    target's concern, while a requirement of the host's own distributions that it breaks still fails."""
+    host = tmp_path / "host-site"
+    _dist(host, "repro-hostonly", "1.0", "repro-dep==1.0")
+    tool = tmp_path / "tool-venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tool)
+    tool_site = _site(tool / "bin" / "python")
+    (tool_site / "zz-host.pth").write_text(f"{host}\n")
+    _dist(tool_site, "repro-tooldist", "0.1", "repro-dep==1.0")
+    session = verify._Session(
+        wheel_dir=tmp_path / "wheels", work_dir=tmp_path / "verify", python=str(tool / "bin" / "python"),
+        gpu="off", log_dir=tmp_path / "logs",
+    )  # fmt: skip
+    base = session.runner_info(session.python, [], log="base-python")
+    assert isinstance(base, dict)
+    assert verify._make_venv(session, base).status == "PASS"
+    assert "repro-tooldist" in session.tool_own and "repro-hostonly" not in session.tool_own
+    _dist(_site(session.venv_python), "repro-dep", "2.0")  # what the wheelhouse installed
+    spec = verify.WheelSpec(package="dep", name="repro-dep", version="2.0", filename="x.whl", sha256="0")
+    manifest = verify.Manifest(archs=(), wheels=(spec,))
+    row = verify._pip_check_row(session, manifest)
+    assert row.status == "FAIL", row
+    assert "repro-hostonly 1.0 has requirement repro-dep==1.0, but you have repro-dep 2.0" in row.detail
+    assert "repro-tooldist 0.1 has requirement" not in row.detail.split(" (requirements of")[0]
+    assert "requirements of this tool's own venv left aside: repro-tooldist" in row.detail
+    shutil.rmtree(host / "repro_hostonly-1.0.dist-info")  # the base's requirement no longer broken
+    _dist(host, "repro-hostonly", "1.0")
+    row = verify._pip_check_row(session, manifest)
+    assert row.status == "PASS", row
+    assert "left aside: repro-tooldist" in row.detail
