@@ -22,8 +22,8 @@ import sys
 FORMAT = "reprostack-base/1"
 
 
-def capture() -> dict:
-    found = {}
+def capture() -> dict[str, object]:
+    found: dict[str, list[object]] = {}
     for dist in md.distributions():
         name = dist.metadata["Name"]
         if name and name.lower() not in found:
@@ -31,7 +31,7 @@ def capture() -> dict:
     return {"format": FORMAT, "python": f"{sys.version_info[0]}.{sys.version_info[1]}", "dists": found}
 
 
-def main(argv: list) -> int:
+def main(argv: list[str]) -> int:
     text = json.dumps(capture(), indent=1, sort_keys=True) + "\n"
     if len(argv) > 1:
         tmp = argv[1] + ".tmp"

@@ -294,7 +294,7 @@ def _public(version: str) -> str:
     return version.split("+")[0]
 
 
-def _release(public: str) -> tuple[object, ...]:
+def _version_release(public: str) -> tuple[object, ...]:
     """``2.11`` and ``2.11.0`` alike (PEP 440 pads the release with zeros); other forms compared as written."""
     parts: list[object] = [int(p) if p.isdigit() else p for p in public.lower().lstrip("v").split(".")]
     while len(parts) > 1 and parts[-1] == 0:
@@ -307,7 +307,7 @@ def version_matches(installed: str, pin: str) -> bool:
     its version (``==2.11.0`` takes ``2.11.0+cu130``, as pip does), one with a label only that label."""
     have, _, have_local = installed.partition("+")
     want, _, want_local = pin.partition("+")
-    if _release(have) != _release(want):
+    if _version_release(have) != _version_release(want):
         return False
     return not want_local or have_local.lower() == want_local.lower()
 

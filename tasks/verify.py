@@ -32,6 +32,7 @@ The result is a :class:`Report`, also written to ``report.json`` and
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -44,6 +45,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from tasks import elfcheck, proc, provenance
 from tasks import proc as proc_mod
@@ -729,8 +732,8 @@ def advice(failures: Sequence[Row]) -> str:
     missing_module = any(row.check == "import" and "No module named" in row.detail for row in failures)
     if any(row.check in runtime_checks or row.package == "closure" for row in failures) or missing_module:
         said.append(
-            "The lock's [runtime]: add what is missing to requirements (or provided, or set base_python), "
-            "run `doit lock` and `doit wheels`, then rerun `doit verify`."
+            "The lock's [runtime]: add what is missing to requirements (or provided, or name the base: "
+            "base_python, base_image or base_capture), run `doit lock` and `doit wheels`, then rerun `doit verify`."
         )
     recipe = ("install", "import", "libs", "symbols", "arch")
     if not said or any(
@@ -852,7 +855,8 @@ def _pip_check_row(session: _Session, manifest: Manifest) -> Row:
     if broken:
         return Row(package="wheelhouse", check="pip-check", status="FAIL",
                    detail="; ".join(broken) + f"{aside}: the wheelhouse breaks what the base holds (keep the base "
-                   "whole: [runtime] base_python, then `doit lock`)")  # fmt: skip
+                   "whole: name the base in [runtime] (base_python, base_image or base_capture), then "
+                   "`doit lock`)")  # fmt: skip
     return Row(package="wheelhouse", check="pip-check", status="PASS",
                detail=f"pip check: no requirement of base or wheelhouse broken by the wheelhouse{aside}")  # fmt: skip
 
@@ -972,13 +976,9 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         for site_dir in _venv_site_dirs(session.venv):
             write_atomic(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
         session.foreign = [str(d) for d in pth_dirs if not _is_base_site(Path(d), base)]
-        provided = {_canonical(line.split("==")[0]) for line in session.provided}
-        for d in base.get("site_dirs", []):
-            if Path(d).is_dir() and not _is_base_site(Path(d), base):
-                for info in Path(d).glob("*.dist-info"):
-                    name = _canonical(info.name[: -len(".dist-info")].rsplit("-", 1)[0])
-                    if name not in provided:
-                        session.tool_own.add(name)
+        if Path(str(base.get("prefix", ""))).resolve() == Path(sys.prefix).resolve():  # this tool's own venv
+            provided = {_canonical(line.split("==")[0]) for line in session.provided}
+            session.tool_own = _tool_closure() - provided
         note = f"; base venv {base.get('prefix')} visible through a .pth file (for what [runtime] provides only)"
     return Row(
         package="wheelhouse",
@@ -986,6 +986,29 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
         status="PASS",
         detail=f"{session.venv} (Python {base.get('python')}, --system-site-packages){note}",
     )
+
+
+def _tool_closure() -> set[str]:
+    """reprostack and every distribution it requires, transitively, as installed for this interpreter."""
+    seen: set[str] = set()
+    todo = ["reprostack"]
+    while todo:
+        name = _canonical(todo.pop())
+        if name in seen:
+            continue
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        seen.add(name)
+        for line in requires:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
 
 
 def _provide(session: _Session, base: Mapping[str, Any]) -> Row:
