@@ -40,10 +40,11 @@ from typing import Any
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
+from tasks import kinds
 from tasks.cache import copy_atomic, rmtree
 from tasks.context import Context
 from tasks.errors import BundleError, FetchError, LockError, ReproError, debug_enabled
-from tasks.lockfile import format_problems
+from tasks.lockschema import format_problems
 
 TaskDict = dict[str, Any]
 
@@ -240,7 +241,7 @@ class SourceCached:
     def __call__(self, task: Any, values: Any) -> bool:
         ctx = context()
         src = ctx.lock.sources[self.source]
-        if src.kind == "wheel":
+        if kinds.of(src.kind).wheel:
             return bool(src.sha256) and (ctx.cache.root / "fetched" / src.sha256).is_dir()
         return bool(src.tree_sha256) and ctx.cache.has_source(src.tree_sha256)
 
@@ -335,7 +336,7 @@ def _do_fetch(name: str) -> None:
     _require_pins()
     ctx = context()
     src = ctx.lock.sources[name]
-    if src.kind == "wheel":
+    if kinds.of(src.kind).wheel:
         ensure_wheel(src, cache=ctx.cache, mirror=ctx.settings.mirror)
         return
     try:

@@ -9,7 +9,6 @@ by ``update=`` (or ``update=all``; ``update=hermetic`` for the hermetic toolchai
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time
@@ -20,15 +19,12 @@ from typing import Any
 import tomlkit
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
 from tomlkit.items import AoT, Table
 
-from tasks import closure, gitsrc, hermetic, pypi
+from tasks import closure, hermetic, kinds, pypi
 from tasks.cache import Cache, write_atomic
-from tasks.errors import FetchError, LockError, ReproError
-from tasks.lockfile import Lock, Package, Runtime, Source, Submodule, load_lock
-from tasks.sources import materialize, source_filter
-from tasks.treehash import file_sha256, tree_sha256
+from tasks.errors import LockError, ReproError
+from tasks.lockfile import Lock, Package, Runtime, load_lock
 
 
 def set_key(table: Any, key: str, value: Any) -> None:
@@ -44,82 +40,6 @@ def set_key(table: Any, key: str, value: Any) -> None:
         table[key] = value
     else:
         (table.value if hasattr(table, "value") else table)._insert_at(last + 1, key, value)
-
-
-def _complete(src: Source) -> bool:
-    if src.kind == "wheel":
-        return bool(src.sha256)
-    if not src.tree_sha256:
-        return False
-    if src.kind == "git":
-        return bool(src.commit) and all(s.commit for s in src.submodules)
-    if src.kind == "pypi":
-        return bool(src.filename and src.sha256)
-    return bool(src.sha256)
-
-
-def _lock_git(src: Source, entry: Any, cache: Cache, log: Path, refresh: bool) -> Source:
-    commit = src.commit
-    if src.ref and (refresh or not commit):
-        commit = gitsrc.resolve_ref(src.url, src.ref)
-    repo = cache.git_dir(gitsrc.url_hash(src.url))
-    with cache.lock(f"git-{gitsrc.url_hash(src.url)}"):
-        gitsrc.ensure_commit(repo, src.url, commit, log)
-    links = gitsrc.gitlinks(repo, commit)
-    urls = gitsrc.submodule_urls(repo, commit, src.url)
-    keep = source_filter(src)
-    listed = {s.path: s for s in src.submodules}
-    subs: list[Submodule] = []
-    if listed:
-        for path, sub in listed.items():
-            if path not in links:
-                raise LockError(f"source {src.name}: submodule {path!r} is not a gitlink at {commit}")
-            subs.append(replace(sub, commit=links[path]))
-    else:
-        # Every submodule whose files the filter can keep (a probe path stands for its files).
-        for path, sha in sorted(links.items()):
-            if keep.keeps(f"{path}/x") or keep.keeps(f"{path}/include/x.h"):
-                if not urls.get(path):
-                    raise LockError(f"source {src.name}: submodule {path!r} has no URL in .gitmodules")
-                subs.append(Submodule(path=path, url=urls[path], commit=sha))
-    set_key(entry, "commit", commit)
-    if subs:
-        table = tomlkit.table()
-        for sub in subs:
-            inner = tomlkit.inline_table()
-            inner.update({"url": sub.url, "commit": sub.commit})
-            if sub.license:
-                inner["license"] = sub.license
-            table[sub.path] = inner
-        entry["submodules"] = table
-    return replace(src, commit=commit, submodules=tuple(subs))
-
-
-SDIST_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
-
-
-def _is_sdist_of(filename: str, project: str, version: str) -> bool:
-    """Whether ``filename`` is a source archive of ``project`` ``version`` (any archive suffix)."""
-    suffix = next((s for s in SDIST_SUFFIXES if filename.endswith(s)), None)
-    if suffix is None:
-        return False
-    name, _, ver = filename[: -len(suffix)].rpartition("-")
-    try:
-        return canonicalize_name(name) == canonicalize_name(project) and Version(ver) == Version(version)
-    except InvalidVersion:
-        return False
-
-
-def _lock_archive(src: Source, entry: Any) -> Source:
-    if src.kind == "pypi" and not src.filename:
-        candidates = [
-            link for link in pypi.list_files(src.project) if _is_sdist_of(link.filename, src.project, src.version)
-        ]
-        if not candidates:
-            raise LockError(f"source {src.name}: no sdist of {src.project} {src.version} in the package index")
-        set_key(entry, "filename", candidates[0].filename)
-        return replace(src, filename=candidates[0].filename, sha256="")
-    return src
 
 
 def lock_sources(
@@ -141,54 +61,24 @@ def lock_sources(
     doc = tomlkit.parse(lock_path.read_text())
     report = []
     for name, src in lock.sources.items():
+        kind = kinds.of(src.kind)
         refresh = "all" in update or name in update
-        if _complete(src) and not refresh:
+        if kind.complete(src) and not refresh:
             report.append(f"{name}: pinned")
             continue
         entry = doc["sources"][name]
-        log = logs / f"lock-{name}.log"
-        if src.kind == "wheel":
-            report.append(_lock_wheel(src, entry, cache))
-            continue
-        if src.kind == "git":
-            src = _lock_git(src, entry, cache, log, refresh)
-        else:
-            src = _lock_archive(src, entry)
-            if refresh:
-                src = replace(src, sha256="")
-        with cache.staging(f"lock-{name}") as work:
-            pinned = replace(src, tree_sha256="")
-            root, meta = materialize(pinned, work, cache=cache, mirror=None if refresh else mirror, log=log)
-            tree = tree_sha256(root)
-        if src.kind != "git":
-            set_key(entry, "sha256", meta["archive_sha256"])
-        set_key(entry, "tree_sha256", tree)
-        pin = src.commit if src.kind == "git" else meta.get("archive_sha256", "")
-        report.append(f"{name}: {pin[:12]} tree {tree[:12]}")
+        edits, line = kind.lock(
+            src, cache=cache, mirror=None if refresh else mirror, log=logs / f"lock-{name}.log", refresh=refresh
+        )
+        for key, value in edits.items():
+            if isinstance(value, Table):  # a [sources.NAME.KEY] table goes at the entry's end
+                entry[key] = value
+            else:
+                set_key(entry, key, value)
+        report.append(line)
     write_atomic(lock_path, tomlkit.dumps(doc))
     load_lock(lock_path, require_pins=False)  # what we wrote must validate (some pins may stay open)
     return report
-
-
-def _lock_wheel(src: Source, entry: Any, cache: Cache) -> str:
-    """The sha256 of a wheel source, downloaded once (kept in the fetched store); where the URL cannot be
-    reached here the pin stays empty and the line says how to fill it."""
-    with cache.staging(f"lock-{src.name}") as work:
-        path = work / src.filename
-        try:
-            pypi.download(src.url, path)
-        except FetchError as exc:
-            return (
-                f"{src.name}: NOT PINNED: {src.url} cannot be reached from here ({exc.message.splitlines()[0][:160]}); "
-                f"sha256 stays empty and builds refuse the lock until `doit lock update={src.name}` runs where it can"
-            )
-        digest = file_sha256(path)
-        final = cache.fetched / digest
-        final.mkdir(parents=True, exist_ok=True)
-        os.replace(path, final / src.filename)
-        (final / "origin").write_text(src.url + "\n")
-    set_key(entry, "sha256", digest)
-    return f"{src.name}: wheel {src.filename} sha256 {digest[:12]}"
 
 
 def lock_runtime(lock_path: Path, cache: Cache, *, wheels: Path, logs: Path, update: tuple[str, ...]) -> list[str]:

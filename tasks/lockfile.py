@@ -7,35 +7,43 @@ entry and the fix ("Perhaps you meant ...").
 
 from __future__ import annotations
 
-import difflib
-import functools
 import hashlib
 import json
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 
+from tasks import kinds
 from tasks.errors import LockError
 from tasks.imageref import is_digest, parse_reference
+from tasks.kinds import Submodule as Submodule
+from tasks.lockschema import SHA256_RE
+from tasks.lockschema import Field as _Field
+from tasks.lockschema import Problems as _Problems
+from tasks.lockschema import is_bool as _is_bool
+from tasks.lockschema import is_int as _is_int
+from tasks.lockschema import is_number as _is_number
+from tasks.lockschema import is_sha256 as _is_sha256
+from tasks.lockschema import is_str as _is_str
+from tasks.lockschema import is_str_list as _is_str_list
+from tasks.lockschema import is_str_table as _is_str_table
+from tasks.lockschema import is_table as _is_table
+from tasks.lockschema import suggest as _suggest
 
 LOCK_FORMAT = 1
 
-SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PLACEHOLDER_RE = re.compile(r"\{([a-z_]+)\}")
 
-SOURCE_KINDS = ("git", "url", "pypi", "wheel")
 #: Placeholders a package's ``env`` values may use; filled from the lock's
 #: toolchain (archs) and the detected toolchain (cudnn_path).
 ENV_PLACEHOLDERS = (
@@ -140,14 +148,6 @@ class Toolchain:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Submodule:
-    path: str
-    url: str
-    commit: str
-    license: str = ""  # SPDX license id or expression, for the SBOM
-
-
-@dataclass(frozen=True, kw_only=True)
 class Source:
     """One pinned upstream input. ``tree_sha256`` covers the kept tree."""
 
@@ -168,29 +168,8 @@ class Source:
     license: str = ""  # SPDX license id or expression, for the SBOM
 
     def pin(self) -> dict[str, Any]:
-        """The identifying fields of this source, for manifests and keys."""
-        out: dict[str, Any] = {
-            "name": self.name,
-            "kind": self.kind,
-            "tree_sha256": self.tree_sha256,
-        }
-        if self.kind == "git":
-            out |= {"url": self.url, "commit": self.commit}
-            if self.submodules:
-                out["submodules"] = {s.path: s.commit for s in self.submodules}
-        elif self.kind in ("url", "wheel"):
-            out |= {"url": self.url, "sha256": self.sha256}
-            if self.kind == "wheel":
-                out["filename"] = self.filename
-                out.pop("tree_sha256")
-        else:
-            out |= {
-                "project": self.project,
-                "version": self.version,
-                "filename": self.filename,
-                "sha256": self.sha256,
-            }
-        return out
+        """The identifying fields of this source, for manifests and keys (its kind's, tasks/kinds.py)."""
+        return kinds.of(self.kind).pin(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,39 +375,6 @@ def _apply_override(pkg: Package, over: Mapping[str, Any]) -> Package:
 # --------------------------------------------------------------------------- schema
 
 
-@dataclass(frozen=True)
-class _Field:
-    check: Callable[[Any], str | None]
-    required: bool = False
-
-
-def _is_str(v: Any) -> str | None:
-    return None if isinstance(v, str) else "must be a string"
-
-
-def _is_bool(v: Any) -> str | None:
-    return None if isinstance(v, bool) else "must be true or false"
-
-
-def _is_int(v: Any) -> str | None:
-    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else "must be a non-negative integer"
-
-
-def _is_number(v: Any) -> str | None:
-    ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-    return None if ok else "must be a positive number"
-
-
-def _is_str_list(v: Any) -> str | None:
-    ok = isinstance(v, list) and all(isinstance(x, str) for x in v)
-    return None if ok else "must be a list of strings"
-
-
-def _is_str_table(v: Any) -> str | None:
-    ok = isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
-    return None if ok else "must be a table of strings"
-
-
 PATCH_REF_FIELDS = ("source", "path", "strip")
 
 
@@ -455,86 +401,6 @@ def _patch_entry(raw: Any) -> str | PatchRef:
     if isinstance(raw, str):
         return raw
     return PatchRef(source=raw["source"], path=raw["path"], strip=int(raw.get("strip", 1)))
-
-
-def _is_table(v: Any) -> str | None:
-    return None if isinstance(v, dict) else "must be a table"
-
-
-def _is_sha1(v: Any) -> str | None:
-    if not isinstance(v, str) or not SHA1_RE.match(v):
-        return f"must be a full 40-character lowercase hex commit, got {v!r}"
-    return None
-
-
-def _is_sha256(v: Any) -> str | None:
-    if not isinstance(v, str) or not SHA256_RE.match(v):
-        return f"must be a 64-character lowercase hex sha256, got {v!r}"
-    return None
-
-
-@functools.cache
-def spdx_ids() -> dict[str, str]:
-    """Lower-cased SPDX license and exception id -> its spelling.
-
-    The list cyclonedx-python-lib validates SBOMs against, read directly
-    (importing ``cyclonedx.spdx`` loads a large expression index, tens of
-    milliseconds on every doit start).
-    """
-    from cyclonedx.schema._res import SPDX_JSON  # package data of the pinned cyclonedx-python-lib
-
-    with open(SPDX_JSON) as fh:
-        return {i.lower(): i for i in json.load(fh)["enum"]}
-
-
-def _spdx_syntax(tokens: list[str]) -> bool:
-    """Whether ``tokens`` form ``term ((AND|OR) term)*``, term = ``id [WITH id]`` or a parenthesised expression."""
-    pos = 0
-
-    def term() -> bool:
-        nonlocal pos
-        if pos < len(tokens) and tokens[pos] == "(":
-            pos += 1
-            if not expression() or pos >= len(tokens) or tokens[pos] != ")":
-                return False
-            pos += 1
-            return True
-        if pos >= len(tokens) or tokens[pos] in ("AND", "OR", "WITH", "(", ")"):
-            return False
-        pos += 1
-        if pos < len(tokens) and tokens[pos] == "WITH":
-            pos += 1
-            if pos >= len(tokens) or tokens[pos] in ("AND", "OR", "WITH", "(", ")"):
-                return False
-            pos += 1
-        return True
-
-    def expression() -> bool:
-        nonlocal pos
-        if not term():
-            return False
-        while pos < len(tokens) and tokens[pos] in ("AND", "OR"):
-            pos += 1
-            if not term():
-                return False
-        return True
-
-    return expression() and pos == len(tokens)
-
-
-def _is_license(v: Any) -> str | None:
-    if not isinstance(v, str) or not v.strip():
-        return "must be an SPDX license id or expression such as 'Apache-2.0' or 'BSD-3-Clause AND MIT'"
-    tokens = re.findall(r"[()]|[^\s()]+", v)
-    known = spdx_ids()
-    unknown = [t for t in tokens if t not in ("AND", "OR", "WITH", "(", ")") and known.get(t.lower()) != t]
-    if unknown:
-        fixed = [known.get(t.lower(), "") for t in unknown]
-        hint = f" (perhaps you meant {' '.join(repr(f) for f in fixed if f)}?)" if any(fixed) else ""
-        return f"has {', '.join(repr(t) for t in unknown)}, not SPDX license ids{hint} (see https://spdx.org/licenses/)"
-    if not _spdx_syntax(tokens):
-        return f"is not a valid SPDX license expression: {v!r} (write e.g. 'Apache-2.0 AND MIT')"
-    return None
 
 
 def _is_specifier(v: Any) -> str | None:
@@ -576,42 +442,6 @@ TOOLCHAIN_FIELDS = {
 HERMETIC_FIELDS = {"requirements": _Field(_is_str_list), "wheels": _Field(_is_str_list)}
 #: ``name==version --hash=sha256:<hex> [--hash=sha256:<hex> ...]``, as ``pip hash`` and ``pip-compile`` write them.
 HASH_OPTION_RE = re.compile(r"^--hash[= ](\S*)$")
-SOURCE_COMMON = {
-    "kind": _Field(_is_str, required=True),
-    "tree_sha256": _Field(_is_sha256),
-    "strip": _Field(_is_int),
-    "include": _Field(_is_str_list),
-    "exclude": _Field(_is_str_list),
-    "license": _Field(_is_license),
-}
-SOURCE_FIELDS = {
-    "git": SOURCE_COMMON
-    | {
-        "url": _Field(_is_str, required=True),
-        "ref": _Field(_is_str),
-        "commit": _Field(_is_sha1),
-        "submodules": _Field(_is_table),
-    },
-    "url": SOURCE_COMMON | {"url": _Field(_is_str, required=True), "sha256": _Field(_is_sha256)},
-    "wheel": {
-        "kind": _Field(_is_str, required=True),
-        "url": _Field(_is_str, required=True),
-        "sha256": _Field(_is_sha256),
-        "license": _Field(_is_license),
-    },
-    "pypi": SOURCE_COMMON
-    | {
-        "project": _Field(_is_str, required=True),
-        "version": _Field(_is_str, required=True),
-        "filename": _Field(_is_str),
-        "sha256": _Field(_is_sha256),
-    },
-}
-SUBMODULE_FIELDS = {
-    "url": _Field(_is_str, required=True),
-    "commit": _Field(_is_sha1),
-    "license": _Field(_is_license),
-}
 PACKAGE_FIELDS = {
     "source": _Field(_is_str, required=True),
     "overlays": _Field(_is_str_table),
@@ -708,60 +538,6 @@ BUILDER_FIELDS = {
 }
 # What a profile may override: everything but the identity of the sources.
 PROFILE_PACKAGE_FIELDS = {k: v for k, v in PACKAGE_FIELDS.items() if k not in ("source", "distribution")}
-
-
-def _suggest(word: str, options: Any) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" (perhaps you meant {close[0]!r}?)" if close else ""
-
-
-class _Problems:
-    """Collects every problem of one file before raising."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.items: list[str] = []
-        self.pins: list[str] = []
-        self.pin_wheres: list[str] = []
-
-    def unpinned(self, where: str, message: str) -> None:
-        """A pin `doit lock` can fill in: an error, except while locking."""
-        self.pins.append(f"{self.path}: [{where}] {message}")
-        self.pin_wheres.append(where)
-
-    def add(self, where: str, message: str) -> None:
-        self.items.append(f"{self.path}: [{where}] {message}" if where else f"{self.path}: {message}")
-
-    def check_table(self, where: str, table: Mapping[str, Any], schema: Mapping[str, _Field]) -> bool:
-        ok = True
-        for key, value in table.items():
-            if key not in schema:
-                self.add(
-                    where,
-                    f"unknown key {key!r}{_suggest(key, schema)}; allowed keys: {', '.join(schema)}",
-                )
-                ok = False
-                continue
-            err = schema[key].check(value)
-            if err:
-                self.add(where, f"{key} {err}")
-                ok = False
-        for key, spec in schema.items():
-            if spec.required and key not in table:
-                self.add(where, f"missing required key {key!r}")
-                ok = False
-        return ok
-
-    def raise_if_any(self, require_pins: bool) -> None:
-        items = self.items + (self.pins if require_pins else [])
-        if items:
-            raise LockError(format_problems(self.path, items))
-
-
-def format_problems(path: Path, items: list[str]) -> str:
-    n = len(items)
-    head = f"{path}: {n} problem{'s' if n > 1 else ''} in the lock file:"
-    return "\n".join([head, *("  - " + i for i in items)])
 
 
 # --------------------------------------------------------------------------- loading
@@ -932,14 +708,14 @@ def _check_wheel_sources(
                 if patch_src is None:
                     p.add(f"packages.{name}", f"patch source {ref.source!r} is not defined under [sources]"
                           f"{_suggest(ref.source, sources)}")  # fmt: skip
-                elif patch_src.kind == "wheel":
+                elif kinds.of(patch_src.kind).wheel:
                     p.add(f"packages.{name}", f"patch source {ref.source!r} is a wheel; patches come from source trees")
                 if leaves_folder(ref.path):
                     p.add(f"packages.{name}", f"patch path {ref.path!r} must be relative and inside its source")
     for wheel in toolchain.hermetic_wheels:
         if wheel not in sources:
             p.add("toolchain.hermetic", f"wheels names unknown source {wheel!r}{_suggest(wheel, sources)}")
-        elif sources[wheel].kind != "wheel":
+        elif not kinds.of(sources[wheel].kind).wheel:
             p.add("toolchain.hermetic", f"wheels: source {wheel!r} is of kind {sources[wheel].kind!r}, not 'wheel'")
     del runtime  # a provided package rebuilt by us must build the provided version: checked when it is built
 
@@ -1054,9 +830,11 @@ def _parse_pins(p: _Problems, where: str, lines: list[str], *, hashed: bool) -> 
 
 
 def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
+    """``[sources.NAME]``, each checked by its kind (tasks/kinds.py)."""
     out: dict[str, Source] = {}
     if not isinstance(raw, dict):
         return out
+    known = kinds.registry()
     for name, entry in raw.items():
         where = f"sources.{name}"
         if not NAME_RE.match(name):
@@ -1064,86 +842,32 @@ def _parse_sources(p: _Problems, raw: Any) -> dict[str, Source]:
         if not isinstance(entry, dict):
             p.add(where, "must be a table")
             continue
-        kind = entry.get("kind")
-        if kind not in SOURCE_KINDS:
-            hint = _suggest(str(kind), SOURCE_KINDS) if isinstance(kind, str) else ""
-            p.add(
-                where,
-                f"kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}{hint}",
-            )
+        kind = kinds.find(entry.get("kind"))
+        if kind is None:
+            given = entry.get("kind")
+            hint = _suggest(given, known) if isinstance(given, str) else ""
+            p.add(where, f"kind must be one of {', '.join(known)}, got {given!r}{hint}")
             continue
-        if not p.check_table(where, entry, SOURCE_FIELDS[kind]):
+        if not p.check_table(where, entry, kind.fields):
             continue
-        subs: list[Submodule] = []
-        for sub_path, sub in entry.get("submodules", {}).items():
-            sw = f"{where}.submodules.{sub_path}"
-            if not isinstance(sub, dict):
-                p.add(sw, "must be a table with url and commit")
-                continue
-            if p.check_table(sw, sub, SUBMODULE_FIELDS):
-                if "commit" not in sub:
-                    p.unpinned(
-                        sw,
-                        "missing 'commit' (run `doit lock` to take it from the superproject)",
-                    )
-                subs.append(
-                    Submodule(
-                        path=sub_path, url=sub["url"], commit=sub.get("commit", ""), license=sub.get("license", "")
-                    )
-                )
-        if kind == "git" and "commit" not in entry:
-            if "ref" in entry:
-                p.unpinned(
-                    where,
-                    f"missing 'commit' (run `doit lock` to resolve ref {entry['ref']!r})",
-                )
-            else:
-                p.add(
-                    where,
-                    "a git source needs 'commit', or a 'ref' (tag or branch) for `doit lock` to resolve",
-                )
-        if kind == "url" and "sha256" not in entry:
-            p.unpinned(where, "missing 'sha256' of the archive (run `doit lock` to fill it in)")
-        filename = entry.get("filename", "")
-        if kind == "wheel":
-            filename = unquote(urlparse(entry["url"]).path.rsplit("/", 1)[-1])
-            try:
-                parse_wheel_filename(filename)
-            except InvalidWheelFilename:
-                p.add(where, f"url must name a wheel file (NAME-VERSION-TAGS.whl), not {filename!r}")
-            if "sha256" not in entry:
-                p.unpinned(where, "missing 'sha256' of the wheel (run `doit lock` where the URL is reachable)")
-        if kind == "pypi" and not ("filename" in entry and "sha256" in entry):
-            p.unpinned(
-                where,
-                "missing 'filename' and 'sha256' of the sdist (run `doit lock` to fill them in)",
-            )
-        if kind == "pypi" and "filename" in entry:
-            stem = canonicalize_name(entry["filename"].split("-")[0])
-            if stem != canonicalize_name(entry["project"]):
-                p.add(
-                    where,
-                    f"filename {entry['filename']!r} does not belong to project {entry['project']!r}",
-                )
-        if "tree_sha256" not in entry and kind != "wheel":
+        derived = kind.check(where, entry, p)
+        if "tree_sha256" not in entry and not kind.wheel:
             p.unpinned(where, "missing 'tree_sha256' (run `doit lock` to compute it)")
-        out[name] = Source(
-            name=name,
-            kind=kind,
-            url=entry.get("url", ""),
-            ref=entry.get("ref", ""),
-            commit=entry.get("commit", ""),
-            submodules=tuple(sorted(subs, key=lambda s: s.path)),
-            project=entry.get("project", ""),
-            version=entry.get("version", ""),
-            filename=filename,
-            sha256=entry.get("sha256", ""),
-            tree_sha256=entry.get("tree_sha256", ""),
-            strip=entry.get("strip"),
-            include=tuple(entry.get("include", ())),
-            exclude=tuple(entry.get("exclude", ())),
-            license=entry.get("license", ""),
-        )
+        values: dict[str, Any] = {
+            "url": entry.get("url", ""),
+            "ref": entry.get("ref", ""),
+            "commit": entry.get("commit", ""),
+            "project": entry.get("project", ""),
+            "version": entry.get("version", ""),
+            "filename": entry.get("filename", ""),
+            "sha256": entry.get("sha256", ""),
+            "tree_sha256": entry.get("tree_sha256", ""),
+            "strip": entry.get("strip"),
+            "include": tuple(entry.get("include", ())),
+            "exclude": tuple(entry.get("exclude", ())),
+            "license": entry.get("license", ""),
+        }
+        out[name] = Source(name=name, kind=kind.name, **(values | derived))
     return out
 
 
@@ -1275,7 +999,8 @@ def _parse_packages(p: _Problems, raw: Any, sources: Mapping[str, Any], patches_
             continue
         _check_package_values(p, where, name, entry, sources, patches_dir)
         raw_source = sources.get(entry["source"])
-        prebuilt = isinstance(raw_source, dict) and raw_source.get("kind") == "wheel"
+        kind = kinds.find(raw_source.get("kind")) if isinstance(raw_source, dict) else None
+        prebuilt = kind is not None and kind.wheel
         if prebuilt:
             extra = [k for k in entry if k not in PREBUILT_FIELDS]
             if extra:

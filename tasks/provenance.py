@@ -50,33 +50,9 @@ def _canonical_json(doc: Any) -> bytes:
 
 def source_descriptors(src: Source, path: str) -> list[dict[str, Any]]:
     """Resource descriptors of one source (and its submodules) placed at ``path`` in the build tree."""
-    notes: dict[str, Any] = {"path": path, "tree_sha256": src.tree_sha256, "kind": src.kind}
-    if src.license:
-        notes["license"] = src.license
-    if src.kind == "git":
-        first: dict[str, Any] = {"uri": f"git+{src.url}@{src.commit}", "digest": {"gitCommit": src.commit}}
-    elif src.kind == "url":
-        first = {"uri": src.url, "digest": {"sha256": src.sha256}}
-    else:
-        first = {"uri": f"pkg:pypi/{src.project}@{src.version}", "digest": {"sha256": src.sha256}}
-        notes["filename"] = src.filename
-    out = [{"name": f"source:{src.name}", **first, "annotations": notes}]
-    for sub in src.submodules:
-        sub_notes: dict[str, Any] = {
-            "path": f"{path}/{sub.path}" if path != "." else sub.path,
-            "submodule_of": src.name,
-        }
-        if sub.license:
-            sub_notes["license"] = sub.license
-        out.append(
-            {
-                "name": f"source:{src.name}/{sub.path}",
-                "uri": f"git+{sub.url}@{sub.commit}",
-                "digest": {"gitCommit": sub.commit},
-                "annotations": sub_notes,
-            }
-        )
-    return out
+    from tasks import kinds  # the lock's modules need `packaging`: only where statements are made
+
+    return kinds.of(src.kind).provenance(src, path)
 
 
 def toolchain_descriptor(fingerprint: Mapping[str, Any]) -> dict[str, Any]:

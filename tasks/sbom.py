@@ -43,7 +43,9 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
+from tasks import kinds
 from tasks.index import WheelRecord
+from tasks.kinds import BomEntry
 from tasks.lockfile import Package, Source
 
 PROP = "reprostack"  # namespace of our properties (reprostack:tree_sha256, ...)
@@ -62,58 +64,33 @@ def licenses(value: str) -> list[DisjunctiveLicense | LicenseExpression]:
     return [LicenseExpression(value, acknowledgement=LicenseAcknowledgement.DECLARED)]
 
 
-def _git(name: str, url: str, commit: str, ref: str, license: str, parts: Sequence[Component] = ()) -> Component:
-    return Component(
-        type=ComponentType.LIBRARY,
-        name=name,
-        version=commit,
-        bom_ref=ref,
-        licenses=licenses(license),
-        purl=PackageURL(
-            type="generic",
-            name=re.sub(r"[^A-Za-z0-9._-]", "-", name),
-            version=commit,
-            qualifiers={"vcs_url": f"git+{url}@{commit}"},
-        ),
-        external_references=[ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(url))],
-        swhids=[Swhid(f"swh:1:rev:{commit}")],
-        components=parts,
-    )
+#: The external references a source's SBOM entry names (tasks/kinds.py BomEntry.links).
+LINKS = {"vcs": ExternalReferenceType.VCS, "distribution": ExternalReferenceType.DISTRIBUTION}
 
 
 def source_component(src: Source) -> Component:
-    props = [Property(name=f"{PROP}:kind", value=src.kind), Property(name=f"{PROP}:tree_sha256", value=src.tree_sha256)]
-    if src.kind == "git":
-        subs = [
-            _git(f"{src.name}/{s.path}", s.url, s.commit, f"source:{src.name}/{s.path}", s.license)
-            for s in src.submodules
-        ]
-        comp = _git(src.name, src.url, src.commit, f"source:{src.name}", src.license, subs)
-        comp.properties.update(props)
-        return comp
-    if src.kind == "wheel":  # a wheel file used as is: no tree, its file name instead
-        props = [Property(name=f"{PROP}:kind", value="wheel"), Property(name=f"{PROP}:filename", value=src.filename)]
-    if src.kind in ("url", "wheel"):
-        return Component(
-            type=ComponentType.LIBRARY,
-            name=src.name,
-            version=f"sha256:{src.sha256}",
-            bom_ref=f"source:{src.name}",
-            licenses=licenses(src.license),
-            hashes=_sha256(src.sha256),
-            purl=PackageURL(type="generic", name=src.name, qualifiers={"download_url": src.url}),
-            external_references=[ExternalReference(type=ExternalReferenceType.DISTRIBUTION, url=XsUri(src.url))],
-            properties=props,
-        )
+    """The component of one source, as its kind describes it (tasks/kinds.py)."""
+    return _component(kinds.of(src.kind).sbom(src))
+
+
+def _component(entry: BomEntry) -> Component:
     return Component(
         type=ComponentType.LIBRARY,
-        name=src.project,
-        version=src.version,
-        bom_ref=f"source:{src.name}",
-        licenses=licenses(src.license),
-        hashes=_sha256(src.sha256),
-        purl=PackageURL(type="pypi", name=str(canonicalize_name(src.project)), version=src.version),
-        properties=[*props, Property(name=f"{PROP}:filename", value=src.filename)],
+        name=entry.name,
+        version=entry.version,
+        bom_ref=entry.ref,
+        licenses=licenses(entry.license),
+        hashes=_sha256(entry.sha256),
+        purl=PackageURL(
+            type=entry.purl_type,
+            name=entry.purl_name,
+            version=entry.purl_version,
+            qualifiers=dict(entry.purl_qualifiers) or None,
+        ),
+        external_references=[ExternalReference(type=LINKS[kind], url=XsUri(url)) for kind, url in entry.links],
+        swhids=[Swhid(entry.swhid)] if entry.swhid else [],
+        properties=[Property(name=f"{PROP}:{name}", value=value) for name, value in entry.properties],
+        components=[_component(part) for part in entry.parts],
     )
 
 

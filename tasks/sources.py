@@ -15,95 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tasks import gitsrc, proc, pypi
-from tasks.archive import pack_tree, unpack
-from tasks.cache import Cache, copy_atomic, rmtree, warn, write_atomic
+from tasks import kinds, proc, pypi
+from tasks.cache import Cache, rmtree, warn, write_atomic
 from tasks.errors import VerificationError
+from tasks.kinds import materialize
 from tasks.lockfile import Source
 from tasks.members import escaping_link
-from tasks.treehash import FileFilter, file_sha256, hash_entries, tree_sha256, walk
-
-
-def source_filter(src: Source) -> FileFilter:
-    return FileFilter(include=src.include, exclude=src.exclude)
-
-
-def _mirror_tree(mirror: Path | None, src: Source) -> Path | None:
-    if mirror is None or not src.tree_sha256:
-        return None
-    p = mirror / "trees" / f"{src.tree_sha256}.tar.gz"
-    return p if p.is_file() else None
-
-
-def _mirror_archive(mirror: Path | None, src: Source) -> Path | None:
-    if mirror is None or not src.sha256:
-        return None
-    p = mirror / "archives" / src.sha256
-    return p if p.is_file() else None
-
-
-def _download_archive(src: Source, dest: Path) -> str:
-    """Download a url/pypi source's archive to ``dest``; return where it came from."""
-    if src.kind == "url":
-        pypi.download(src.url, dest)
-        return src.url
-    link = pypi.find_file(src.project, src.filename)
-    if link.sha256 and src.sha256 and link.sha256 != src.sha256:
-        raise VerificationError(
-            f"source {src.name}: the index lists {src.filename} with sha256 {link.sha256} "
-            f"but the lock pins {src.sha256}"
-        )
-    pypi.download(link.url, dest)
-    return link.url
-
-
-def materialize(
-    src: Source, work: Path, *, cache: Cache, mirror: Path | None, log: Path
-) -> tuple[Path, dict[str, Any]]:
-    """Produce the kept tree of ``src`` under ``work`` (not yet verified against the tree hash).
-
-    Returns the tree root and metadata (origin, archive path and sha256).
-    """
-    keep = source_filter(src)
-    meta: dict[str, Any] = {"source": src.pin()}
-    mirrored = _mirror_tree(mirror, src)
-    if mirrored is not None:
-        root = unpack(mirrored, work / "unpack", strip=0)
-        meta["origin"] = str(mirrored)
-        return root, meta
-    if src.kind == "git":
-        root = work / "tree"
-        root.mkdir()
-        repo = cache.git_dir(gitsrc.url_hash(src.url))
-        with cache.lock(f"git-{gitsrc.url_hash(src.url)}"):
-            gitsrc.ensure_commit(repo, src.url, src.commit, log)
-        subs: dict[str, tuple[Path, str]] = {}
-        for sub in src.submodules:
-            sub_repo = cache.git_dir(gitsrc.url_hash(sub.url))
-            with cache.lock(f"git-{gitsrc.url_hash(sub.url)}"):
-                gitsrc.ensure_commit(sub_repo, sub.url, sub.commit, log)
-            subs[sub.path] = (sub_repo, sub.commit)
-        gitsrc.export_tree(repo, src.commit, root, keep=keep, submodules=subs)
-        meta["origin"] = src.url
-        return root, meta
-    archive = work / "archive"
-    origin_archive = _mirror_archive(mirror, src)
-    if origin_archive is not None:
-        shutil.copyfile(origin_archive, archive)
-        meta["origin"] = str(origin_archive)
-    else:
-        meta["origin"] = _download_archive(src, archive)
-    digest = file_sha256(archive)
-    meta["archive_sha256"] = digest
-    if src.sha256 and digest != src.sha256:
-        raise VerificationError(
-            f"source {src.name}: archive from {meta['origin']} has sha256 {digest} "
-            f"but the lock pins {src.sha256}; refusing to use it"
-        )
-    proc.check_interrupted(f"fetch of source {src.name}")
-    root = unpack(archive, work / "unpack", strip=src.strip)
-    keep.apply(root)
-    return root, meta
+from tasks.treehash import file_sha256, hash_entries, tree_sha256, walk
 
 
 def ensure_source(src: Source, *, cache: Cache, mirror: Path | None, log: Path) -> Path:
@@ -221,36 +139,7 @@ def export_mirror(sources: list[Source], *, cache: Cache, mirror: Path) -> Itera
     if index_path.is_file():
         index = json.loads(index_path.read_text())
     for src in sources:
-        if src.kind == "wheel":
-            wheel = cache.fetched_wheel(src.sha256)
-            if wheel is None:
-                raise VerificationError(
-                    f"source {src.name}: its wheel is not in the cache; run `doit fetch:{src.name}`"
-                )
-            (mirror / "wheels").mkdir(parents=True, exist_ok=True)
-            dest = mirror / "wheels" / src.filename
-            if not dest.is_file() or file_sha256(dest) != src.sha256:
-                copy_atomic(wheel, dest)
-            index[src.name] = {"pin": src.pin(), "file": f"wheels/{src.filename}"}
-            yield f"{src.name}: wheels/{src.filename} ({dest.stat().st_size} bytes)"
-            continue
-        entry = cache.source_dir(src.tree_sha256)
-        archive = entry / "archive"
-        if archive.is_file() and src.sha256:
-            dest = mirror / "archives" / src.sha256
-            what = f"archives/{src.sha256}"
-            if not dest.is_file():
-                copy_atomic(archive, dest)
-        else:
-            dest = mirror / "trees" / f"{src.tree_sha256}.tar.gz"
-            what = f"trees/{src.tree_sha256}.tar.gz"
-            if not dest.is_file():
-                tmp = dest.with_name(f".{dest.name}.tmp")
-                try:
-                    pack_tree(entry / "tree", tmp)
-                    os.replace(tmp, dest)
-                finally:
-                    tmp.unlink(missing_ok=True)
+        what = kinds.of(src.kind).mirror_entry(src, cache=cache, mirror=mirror)
         index[src.name] = {"pin": src.pin(), "file": what}
-        yield f"{src.name}: {what} ({dest.stat().st_size} bytes)"
+        yield f"{src.name}: {what} ({(mirror / what).stat().st_size} bytes)"
     write_atomic(index_path, json.dumps(index, indent=2, sort_keys=True) + "\n")
