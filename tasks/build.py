@@ -24,7 +24,6 @@ from tasks import (
     builder,
     compilers,
     docker,
-    jobserver,
     ninjaorder,
     objcache,
     plan,
@@ -151,24 +150,6 @@ def compile_wheel(
     cmd = wheel_command(pkg, str(raw), place.path(build_dir))
     server = ctx.jobserver()
     env = server.env(reproducible.apply(build_env(ctx, pkg, jobs), place, nvcc_seed=ctx.nvcc_seed))
-    if server.clients:
-        hints = ctx.lock.patches_dir / pkg.name / ninjaorder.HINTS_FILE
-        times = ninjaorder.known_times(ctx.cache.root, hints, pkg.name)
-        if times:
-            times_file = out / "unit-times.json"
-            times_file.write_text(json.dumps(times))
-            env["REPRO_UNIT_TIMES"] = str(times_file)
-        priority = jobserver.priority(times, server.slots)
-        env["REPRO_GATE_PRIORITY"] = str(priority)
-        env["REPRO_GATE_PACKAGE"] = pkg.name
-    if server.broker is not None:  # (there is one only with server.clients)
-        server.broker.building(
-            pkg.name,
-            priority,
-            records=jobserver.load_memory(jobserver.memory_record(ctx.cache.root, pkg.name)),
-            hints=jobserver.load_memory(ctx.lock.patches_dir / pkg.name / jobserver.MEMORY_HINTS_FILE),
-            default_mb=pkg.mem_per_job_gb * 1024,
-        )
     objects = ctx.objcache() if object_cache else None
     stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
     stats_log.unlink(missing_ok=True)
@@ -178,21 +159,29 @@ def compile_wheel(
     if how:
         with log.open("a") as fh:
             fh.write(how + "\n")
-    waits = out / "waits.log"
-    env["REPRO_WAIT_LOG"] = str(waits)
     # Compilers that escaped the gate (only where there is one: without it, none takes a token).
     watch = compilers.Watch() if server.broker is not None else None
-    try:
-        with server.slot(server.tokens_for(jobs), wait_log=waits), watch or contextlib.nullcontext():
-            usage = run_build(
-                place.command(cmd, build_dir), env=env, cwd=build_dir, log=log, pkg=pkg, progress=progress, watch=watch
-            )
-    finally:
-        if server.broker is not None:  # what each unit held, failed builds' too (a unit killed for memory)
-            server.broker.finished(pkg.name)
-            server.broker.settle(pkg.name)  # its gates have ended: their tokens back, their reports read
-            _record_units(ctx, pkg, server.broker.results(pkg.name), log)
-    starved = server.broker.starved(pkg.name) if server.broker is not None else []
+    with (
+        server.build_session(
+            pkg.name,
+            out=out,
+            cache_root=ctx.cache.root,
+            patches=ctx.lock.patches_dir / pkg.name,
+            default_mb=pkg.mem_per_job_gb * 1024,
+            log=log,
+        ) as session,
+        server.slot(server.tokens_for(jobs), wait_log=session.wait_log),
+        watch or contextlib.nullcontext(),
+    ):
+        usage = run_build(
+            place.command(cmd, build_dir),
+            env={**env, **session.env},
+            cwd=build_dir,
+            log=log,
+            pkg=pkg,
+            progress=progress,
+            watch=watch,
+        )
     escaped = watch.escaped() if watch is not None else {}
     if escaped:
         with log.open("a") as fh:
@@ -204,31 +193,9 @@ def compile_wheel(
         wheel=_normalised(raw, out, pkg, log, ctx.requires_added(pkg)),
         usage=usage,
         objects=objcache.stats(stats_log),
-        waits=tuple(read_waits(waits)) + tuple(starved),
+        waits=tuple(read_waits(session.wait_log)) + tuple(session.starved),
         escaped=tuple(sorted(escaped.items())),
     )
-
-
-def _record_units(ctx: Context, pkg: Package, units: dict[str, dict[str, object]], log: Path) -> None:
-    """Record what ``pkg``'s units held in the cache (the next run admits them by it) and say so in its log."""
-    jobserver.record_memory(ctx.cache.root, pkg.name, units)
-    # The units' times too: an interrupted or failed build leaves no ninja log to take them from.
-    ninjaorder.record_times(
-        ctx.cache.root,
-        pkg.name,
-        {u: float(str(found["seconds"])) for u, found in units.items() if "seconds" in found and "exit" not in found},
-    )
-    killed = sorted(u for u, found in units.items() if found.get("killed"))
-    peaks = {u: float(str(found.get("peak_mb", 0))) for u, found in units.items()}
-    with log.open("a") as fh:
-        if peaks:
-            top = max(peaks, key=peaks.__getitem__)
-            fh.write(f"# {len(peaks)} compiles; the largest held {peaks[top] / 1024:.1f} GB ({top})\n")
-        for unit in killed:
-            then = "failed again" if units[unit].get("exit") else "then passed"
-            fh.write(f"# {unit} was killed for memory and run once more: it {then}\n")
-    for unit in killed:
-        print(f"note: {pkg.name}: {unit} was killed for memory and run once more with room for it", flush=True)
 
 
 def _normalised(raw: Path, out: Path, pkg: Package, log: Path, requires: list[str]) -> Path:

@@ -37,6 +37,20 @@ import socket
 import sys
 import time
 
+#: The environment a build runs with, by name (set by tasks/jobserver.py's ``JobServer.build_session``,
+#: which imports them from here: this file imports nothing of tasks/).
+#: The package a compile belongs to, and that package's priority at the broker (its hello line).
+ENV_PACKAGE = "REPRO_GATE_PACKAGE"
+ENV_PRIORITY = "REPRO_GATE_PRIORITY"
+#: Set by a gate for its compiler: a compiler that one starts (nvcc's host compiler) runs on its token.
+ENV_HELD = "REPRO_GATE_HELD"
+#: Set by a gate for its compiler and what it starts (tasks/compilers.py's ``GATED_MARK``).
+ENV_GATED = "REPRO_GATED"
+#: The package's recorded unit times, which the ninja shim (tasks/jobserver.py) orders its manifest by.
+ENV_UNIT_TIMES = "REPRO_UNIT_TIMES"
+#: The file where the build's waits for job tokens are written (tasks/jobserver.py ``JobServer.slot``).
+ENV_WAIT_LOG = "REPRO_WAIT_LOG"
+
 #: A compile's memory is sampled this often at first (seconds), then less often up to MAX_INTERVAL.
 FIRST_INTERVAL = 0.05
 MAX_INTERVAL = 1.0
@@ -222,16 +236,16 @@ def main(sock_path: str, args: list[str]) -> int:
         print("usage: gate COMMAND [ARGS...]", file=sys.stderr)
         return 2
     # Marks the compiler and what it starts as run by a gate (tasks/compilers.py's watch looks for it).
-    os.environ["REPRO_GATED"] = "1"
-    if os.environ.get("REPRO_GATE_HELD"):  # a compiler started by one holding a token runs on it
+    os.environ[ENV_GATED] = "1"
+    if os.environ.get(ENV_HELD):  # a compiler started by one holding a token runs on it
         os.execvp(args[0], args)
     unit = unit_name(args)
     if not unit:  # not a compile: a version query takes no token and no room
         os.execvp(args[0], args)
-    prio = os.environ.get("REPRO_GATE_PRIORITY", "0") or "0"
-    package = os.environ.get("REPRO_GATE_PACKAGE", "") or "-"
+    prio = os.environ.get(ENV_PRIORITY, "0") or "0"
+    package = os.environ.get(ENV_PACKAGE, "") or "-"
     conn, expect = _connect(sock_path, f"{prio} {package} {unit}")
-    os.environ["REPRO_GATE_HELD"] = "1"
+    os.environ[ENV_HELD] = "1"
     code, mem, killed, seconds = run_once(conn, args, expect)
     if killed:
         need = max(2 * mem.peak_mb, 1024.0)

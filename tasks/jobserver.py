@@ -13,6 +13,8 @@ compile started inside one (nvcc's host compiler) runs on its parent's token.
 So the compilers of all packages together never exceed the budget, however
 many packages, and ninja runs within a package, build at once, and a freed
 slot goes to the next waiting compile at once, whichever ninja it belongs to.
+Which one is tasks/admission.py's choice (:func:`tasks.admission.choose`); a
+build opens and closes its part with :meth:`JobServer.build_session`.
 
 ninja is not made a jobserver client (1.13 can be one): as a client it
 starts what tokens it can get, then waits for one of its own commands to end
@@ -23,7 +25,7 @@ had come free. A ``ninja`` shim first on ``PATH`` gives every ninja
 ``-j <budget>`` instead (an explicit ``-j`` also makes ninja ignore
 ``MAKEFLAGS``): its commands then wait in the gate, not in ninja. Before that
 it lets tasks/ninjaorder.py put the longest units first in the manifest, from
-the times in ``REPRO_UNIT_TIMES``.
+the times in ``REPRO_UNIT_TIMES`` (:meth:`JobServer.build_session`).
 
 Without ninja >= 1.13 on PATH (the shim is written only then), a build takes
 as many tokens as it runs jobs (``MAX_JOBS``), so parallel builds still share
@@ -33,7 +35,6 @@ one budget, coarsely.
 from __future__ import annotations
 
 import atexit
-import fnmatch
 import hashlib
 import heapq
 import json
@@ -52,11 +53,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks import compilers, ninjaorder
+from tasks import admission, compilers, ninjaorder
 from tasks import gate as gate_module
+from tasks.admission import Expect, Plan
 from tasks.cache import write_atomic
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
@@ -85,19 +87,9 @@ for a do
 done
 [ "$query" = 1 ] && exec {real} "$@"
 # Longest unit first, from the package's last compile times (tasks/ninjaorder.py); never fatal.
-[ -n "$REPRO_UNIT_TIMES" ] && {python} -I {order} "$REPRO_UNIT_TIMES" "$@" >/dev/null 2>&1
+[ -n "${unit_times}" ] && {python} -I {order} "${unit_times}" "$@" >/dev/null 2>&1
 exec {real} -j {slots} "$@"
 """
-
-
-@dataclass(frozen=True)
-class Expect:
-    """What the broker expects a unit to hold (MB): its peak, the process the peak comes in (cicc), and what
-    it holds once that process has ended (None: unknown, so the peak is kept for all of the unit)."""
-
-    peak_mb: float
-    peak_in: str = ""
-    after_mb: float | None = None
 
 
 @dataclass
@@ -115,67 +107,24 @@ class _Unit:
 
     def reserved(self) -> float:
         """The memory counted for this running unit: what it holds, or more, what it is expected to reach."""
-        rest = self.expect.after_mb if self.past and self.expect.after_mb is not None else self.expect.peak_mb
-        return max(self.live_mb, rest)
-
-
-@dataclass
-class _Plan:
-    """A package's expectations: the cache's records by unit, the lock's hints by unit or pattern, a default."""
-
-    records: dict[str, dict[str, object]]
-    hints: dict[str, dict[str, object]]
-    default_mb: float
-
-    def expect(self, unit: str) -> Expect:
-        """The cache's record of ``unit``, else the lock's hint (by name, then the first matching pattern),
-        capped at the package's ``mem_per_job_gb`` (a profile that builds less, FA3's ``minimal``, states
-        less), else that figure."""
-        if unit in self.records:
-            return expectation(self.records[unit], self.default_mb)
-        hint = self.hints.get(unit)
-        if hint is None:
-            hint = next((v for k, v in self.hints.items() if fnmatch.fnmatchcase(unit, k)), None)
-        if hint is not None:
-            found = expectation(hint, self.default_mb)
-            if found.peak_mb <= self.default_mb:
-                return found
-            return Expect(self.default_mb, found.peak_in, min(found.after_mb or self.default_mb, self.default_mb))
-        if unit.endswith(".E"):  # a preprocessor run: seconds, hundreds of MB
-            return Expect(min(self.default_mb, PREPROCESS_MB))
-        return Expect(self.default_mb)
-
-
-#: What a preprocessor-only run (ccache's, nvcc -E) is expected to hold without a record of its own.
-PREPROCESS_MB = 2048.0
-
-
-def expectation(found: dict[str, object] | None, default_mb: float) -> Expect:
-    """An :class:`Expect` from a record or hint (``peak_mb``, ``peak_in``, ``after_mb``), else the default."""
-    if not found:
-        return Expect(default_mb)
-    peak = found.get("peak_mb")
-    after = found.get("after_mb")
-    return Expect(
-        peak_mb=float(peak) if isinstance(peak, int | float) and peak > 0 else default_mb,
-        peak_in=str(found.get("peak_in") or ""),
-        after_mb=float(after) if isinstance(after, int | float) and after > 0 else None,
-    )
+        return admission.reserved(self.expect, self.live_mb, self.past)
 
 
 class Broker:
     """Admits the run's compiles: a token each, highest priority first (then first come), and, with a
     memory budget, room for each unit's recorded or estimated peak.
 
-    A compile's gate (tasks/gate.py) connects and says its package's priority (:func:`priority`) and
-    its unit; the broker admits it when a token is free and its expected memory fits in the budget next
-    to what the running units hold or are expected to reach (and in what the host really has left),
-    answers ``+``, and takes the token and the room back when the connection closes. A unit that does
-    not fit waits, and units behind it start only where they leave its room free: heavy units are never
-    overtaken for good, light ones fill the rest. While a unit runs its gate reports its memory; once
-    the process its recorded peak came in has ended, only its recorded rest is counted. So the package
-    that sets the run's wall time is never queued behind one that does not, and memory is counted per
-    unit, not as a fixed figure per job.
+    A compile's gate (tasks/gate.py) connects and says its package's priority
+    (:func:`tasks.admission.priority`) and its unit; the broker admits it when a token is free and its
+    expected memory fits in the budget next to what the running units hold or are expected to reach
+    (and in what the host really has left), answers ``+``, and takes the token and the room back when
+    the connection closes. A unit that does not fit waits, and units behind it start only where they
+    leave its room free: heavy units are never overtaken for good, light ones fill the rest. While a
+    unit runs its gate reports its memory; once the process its recorded peak came in has ended, only
+    its recorded rest is counted. So the package that sets the run's wall time is never queued behind
+    one that does not, and memory is counted per unit, not as a fixed figure per job. Which waiter goes
+    next is :func:`tasks.admission.choose`'s decision; the broker keeps the sockets, the token fifo and
+    the selector loop.
     """
 
     def __init__(
@@ -199,7 +148,7 @@ class Broker:
         self._counts: dict[str, list[int]] = {}  # package -> [waiting, held]
         self._starved_since: dict[str, float] = {}
         self._starved: dict[str, list[tuple[float, float]]] = {}
-        self._plans: dict[str, _Plan] = {}
+        self._plans: dict[str, Plan] = {}
         self._results: dict[str, dict[str, dict[str, object]]] = {}
         self._lock = threading.Lock()
         self._log = log.open("a", buffering=1) if log is not None else None
@@ -227,11 +176,11 @@ class Broker:
         default_mb: float = 0.0,
     ) -> None:
         """``package``'s build has started, at ``priority`` (while the highest one builds, a token may be
-        kept for it: :meth:`_candidate`); its units are expected to hold what ``records`` say by unit,
-        else what ``hints`` say, else ``default_mb``."""
+        kept for it: :func:`tasks.admission.choose`); its units are expected to hold what ``records`` say
+        by unit, else what ``hints`` say, else ``default_mb``."""
         with self._lock:
             self._building[package] = priority
-            self._plans[package] = _Plan(records=records or {}, hints=hints or {}, default_mb=default_mb)
+            self._plans[package] = Plan(records=records or {}, hints=hints or {}, default_mb=default_mb)
         self._wake()
 
     def finished(self, package: str) -> None:
@@ -401,47 +350,23 @@ class Broker:
     def _reserved(self) -> float:
         return sum(self._units[c].reserved() for c in self._held)
 
-    def _fits(self, unit: _Unit, room: float, available: float | None) -> bool:
-        """Whether ``unit`` fits in ``room`` of the budget and in what the host really has left
-        (``available``, MemAvailable, less what the running units are still expected to grow by)."""
-        if self.budget_mb is None or not self._held:
-            return True  # no budget, or nothing else running: a unit larger than the budget runs alone
-        if unit.expect.peak_mb > room:
-            return False
-        if available is None:
-            return True
-        growth = sum(max(0.0, self._units[c].reserved() - self._units[c].live_mb) for c in self._held)
-        return unit.expect.peak_mb <= available - growth
-
     def _candidate(self) -> tuple[float, int, socket.socket] | None:
-        """The waiter to admit next, if any: the first in line if it fits, else the first behind it that
-        leaves the first one's room free.
-
-        While the package of the highest priority builds and runs no compile, the last free token is
-        kept for it (on four slots or more): its serial phases (CMake's compiler checks, one compile after
-        another, the compile after a link) then never wait for a long unit of another package to end.
-        TransformerEngine's configure checks waited 27 s for a token that way on the 16-core host. While
-        it runs a compile, the other packages may take every other token.
-        """
+        """The waiter to admit next, if any: the one :func:`tasks.admission.choose` picks."""
         with self._lock:
-            top = max(self._building.values(), default=0.0)
-            first = {p for p, prio in self._building.items() if prio == top} if top > 0 else set()
-        busy = any(self._counts.get(p, [0, 0])[1] for p in first)
-        keep = 1 if first and not busy and self.slots >= 4 else 0
-        order = [
-            w
-            for w in sorted(self._waiting)
-            if not keep or self._units[w[2]].package in first or len(self._held) < self.slots - keep
-        ]
-        if not order:
-            return None
-        head = self._units[order[0][2]]
-        room = (self.budget_mb or 0.0) - self._reserved()
-        available = available_memory_mb() if self.budget_mb is not None and self._held else None
-        if self._fits(head, room, available):
-            return order[0]
-        room -= head.expect.peak_mb
-        return next((w for w in order[1:] if self._fits(self._units[w[2]], room, available)), None)
+            building = dict(self._building)
+        held = [self._units[c] for c in self._held]
+        chosen = admission.choose(
+            [
+                admission.Waiter(self._units[conn].package, -neg, seq, self._units[conn].expect)
+                for neg, seq, conn in self._waiting
+            ],
+            [admission.Running(u.package, u.reserved(), u.live_mb) for u in held],
+            slots=self.slots,
+            budget_mb=self.budget_mb,
+            available_mb=available_memory_mb() if self.budget_mb is not None and held else None,
+            building=building,
+        )
+        return None if chosen is None else next(w for w in self._waiting if w[1] == chosen.seq)
 
     def _grant(self) -> None:
         """Admit waiters while one fits and a token is free (else wait for the token's fifo, or a release)."""
@@ -586,13 +511,42 @@ def record_memory(cache_root: Path, package: str, results: dict[str, dict[str, o
     write_atomic(path, json.dumps(known, indent=0, sort_keys=True) + "\n")
 
 
-def priority(times: dict[str, float], slots: int) -> float:
-    """A package's claim on the run's tokens: its recorded critical path, its longest compile unit, plus
-    its work spread over the budget (tasks/ninjaorder.py records unit times; patches/<pkg>/ holds hints
-    for an empty cache). Packages without records get 0: after every package that has them."""
-    if not times:
-        return 0.0
-    return round(max(times.values()) + sum(times.values()) / max(1, slots), 1)
+def _record_units(cache_root: Path, package: str, units: dict[str, dict[str, object]], log: Path) -> None:
+    """Record what ``package``'s units held in the cache (the next run admits them by it) and say so in its log."""
+    record_memory(cache_root, package, units)
+    # The units' times too: an interrupted or failed build leaves no ninja log to take them from.
+    ninjaorder.record_times(
+        cache_root,
+        package,
+        {u: float(str(found["seconds"])) for u, found in units.items() if "seconds" in found and "exit" not in found},
+    )
+    killed = sorted(u for u, found in units.items() if found.get("killed"))
+    peaks = {u: float(str(found.get("peak_mb", 0))) for u, found in units.items()}
+    with log.open("a") as fh:
+        if peaks:
+            top = max(peaks, key=peaks.__getitem__)
+            fh.write(f"# {len(peaks)} compiles; the largest held {peaks[top] / 1024:.1f} GB ({top})\n")
+        for unit in killed:
+            then = "failed again" if units[unit].get("exit") else "then passed"
+            fh.write(f"# {unit} was killed for memory and run once more: it {then}\n")
+    for unit in killed:
+        print(f"note: {package}: {unit} was killed for memory and run once more with room for it", flush=True)
+
+
+@dataclass
+class Session:
+    """One package's build as the run's job server sees it (:meth:`JobServer.build_session`)."""
+
+    #: What the build's environment gets: the file its waits for job tokens go to and, with the gate, the
+    #: package and its priority (tasks/gate.py's ``ENV_*`` names) and its unit times for the ninja shim.
+    env: dict[str, str]
+    #: Where :meth:`JobServer.slot` writes the build's waits for its tokens (``REPRO_WAIT_LOG``).
+    wait_log: Path
+    #: Once the build has ended, however: what each of its units held (:meth:`Broker.results`).
+    units: dict[str, dict[str, object]] = field(default_factory=dict)
+    #: Once the build has ended without an exception: the spans when its compilers waited for a token and
+    #: none of them ran (:meth:`Broker.starved`).
+    starved: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -684,6 +638,7 @@ class JobServer:
                     slots=slots,
                     python=shlex.quote(sys.executable),
                     order=shlex.quote(str(Path(ninjaorder.__file__).resolve())),
+                    unit_times=gate_module.ENV_UNIT_TIMES,
                 )
             )
             shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
@@ -772,6 +727,53 @@ class JobServer:
         for var, command in compilers.by_path(env).items():
             targets[f"{var.lower()}-by-path"] = command
         return targets
+
+    @contextmanager
+    def build_session(
+        self, package: str, *, out: Path, cache_root: Path, patches: Path, default_mb: float, log: Path
+    ) -> Iterator[Session]:
+        """Open ``package``'s build with the run's broker for the block, and close it however the block ends.
+
+        The :class:`Session`'s ``env`` goes into the build's environment: the file the build's waits for
+        tokens go to (``out/waits.log``) and, with the gate, the package and its priority
+        (:func:`tasks.admission.priority` of its known unit times, which go to ``out/unit-times.json``
+        for the ninja shim). The broker expects the package's units to hold what this cache
+        (``cache_root``) recorded, else what the hints in ``patches`` (the package's folder of the lock's
+        patches) say, else ``default_mb``. When the block ends, a failed or interrupted build's too, the
+        broker waits for the build's gates to end (:meth:`Broker.settle`: their tokens back, their reports
+        read), and what the units held and their seconds go to the cache for the next build and to ``log``.
+        """
+        session = Session(env={}, wait_log=out / "waits.log")
+        prio = 0.0
+        if self.clients:
+            times = ninjaorder.known_times(cache_root, patches / ninjaorder.HINTS_FILE, package)
+            if times:
+                times_file = out / "unit-times.json"
+                times_file.write_text(json.dumps(times))
+                session.env[gate_module.ENV_UNIT_TIMES] = str(times_file)
+            prio = admission.priority(times, self.slots)
+            session.env[gate_module.ENV_PRIORITY] = str(prio)
+            session.env[gate_module.ENV_PACKAGE] = package
+        session.env[gate_module.ENV_WAIT_LOG] = str(session.wait_log)
+        broker = self.broker  # (there is one only with self.clients)
+        if broker is None:
+            yield session
+            return
+        broker.building(
+            package,
+            prio,
+            records=load_memory(memory_record(cache_root, package)),
+            hints=load_memory(patches / MEMORY_HINTS_FILE),
+            default_mb=default_mb,
+        )
+        try:
+            yield session
+        finally:  # what each unit held, failed builds' too (a unit killed for memory)
+            broker.finished(package)
+            broker.settle(package)  # its gates have ended: their tokens back, their reports read
+            session.units = broker.results(package)
+            _record_units(cache_root, package, session.units, log)
+        session.starved = broker.starved(package)
 
     def tokens_for(self, jobs: int) -> int:
         """Tokens a build of ``jobs`` compiler jobs holds while it runs.

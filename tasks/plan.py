@@ -7,7 +7,7 @@ Two pure parts, tested without processes:
   90a;100a``), and :func:`nearest` picks, of the earlier builds of a package that the cache or the remote
   knows, the one with the fewest differing inputs (ties: the most recent);
 - :func:`simulate` forecasts a run from recorded units (seconds, expected peak memory) with the broker's
-  policy (tasks/jobserver.py): job slots, a token to the waiting unit of the highest package priority,
+  policy (tasks/admission.py): job slots, a token to the waiting unit of the highest package priority,
   then first come, each package's units longest first (tasks/ninjaorder.py), memory admission against the
   budget where a unit that does not fit waits and only units that leave its room free pass it, the last
   token kept for the top package while it runs nothing, and at most ``tasks`` packages at once (doit's
@@ -223,7 +223,7 @@ class UnitWork:
 @dataclass(frozen=True)
 class PackageWork:
     """One package's build as the forecast sees it: serial seconds outside compiles (pip, CMake's configure,
-    the link), its compile units, and its priority at the broker (jobserver.priority)."""
+    the link), its compile units, and its priority at the broker (admission.priority)."""
 
     name: str
     units: tuple[UnitWork, ...] = ()
@@ -485,7 +485,7 @@ def package_work(
 ) -> tuple[PackageWork, str, tuple[float, float] | None]:
     """``pkg``'s work for the forecast, where its figures come from (``cache``, ``hints`` or ``none``) and,
     without a record of this cache, the range its lock's hints give (else None)."""
-    from tasks import jobserver, ninjaorder
+    from tasks import admission, jobserver, ninjaorder
 
     default_mb = pkg.mem_per_job_gb * 1024
     memory = jobserver.load_memory(jobserver.memory_record(cache_root, pkg.name))
@@ -497,7 +497,7 @@ def package_work(
     hints = ninjaorder.load_times(patches_dir / pkg.name / ninjaorder.HINTS_FILE)
     record = _read(build_record_path(cache_root, pkg.name))
     times, origin = (recorded, "cache") if recorded or record else (hints, "hints" if hints else "none")
-    expect = jobserver._Plan(
+    expect = admission.Plan(
         records=memory,
         hints=jobserver.load_memory(patches_dir / pkg.name / jobserver.MEMORY_HINTS_FILE),
         default_mb=default_mb,
@@ -508,7 +508,7 @@ def package_work(
         times, tail = split_units(times, memory, [str(u) for u in ninja] if isinstance(ninja, list) else [])
     units = tuple(UnitWork(u, s, expect.expect(u).peak_mb) for u, s in sorted(times.items()))
     serial = serial_seconds(record, units, slots) if record else 0.0
-    prio = jobserver.priority(
+    prio = admission.priority(
         ninjaorder.known_times(cache_root, patches_dir / pkg.name / ninjaorder.HINTS_FILE, pkg.name), slots
     )
     span = hint_range(hints.values(), slots) if origin != "cache" and hints else None

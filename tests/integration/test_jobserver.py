@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import require
 
+from tasks import admission, ninjaorder
+from tasks.gate import ENV_PACKAGE, ENV_PRIORITY, ENV_UNIT_TIMES, ENV_WAIT_LOG
 from tasks.jobserver import JobServer, killed_for_memory, load_memory, memory_record, ninja_version, record_memory
 
 JOB = textwrap.dedent(
@@ -721,3 +724,61 @@ def test_every_token_is_back_after_any_build_under_load(tmp_path: Path, busy_cor
         assert _tokens_back(server) == 2
     finally:
         server.close()
+
+
+def _ninja_passes(project: Path, env: dict[str, str]) -> None:
+    res = subprocess.run(["ninja"], cwd=project, env=env, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_build_session_names_the_package_to_the_gate_and_records_its_units(tmp_path: Path) -> None:
+    """JobServer.build_session, as tasks/build.py opens it: the build's environment names the package and
+    its priority (from the lock's unit times) to the gate, the times to the ninja shim and the file for
+    its waits; when the block ends, a failed build's too, its units' memory and seconds are in the cache,
+    its log says so and every token is back. Without ninja 1.13, only the wait log."""
+    path = os.pathsep.join([str(_memory_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    cache = tmp_path / "cache"
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / ninjaorder.HINTS_FILE).write_text(json.dumps({"a.o": 8.0, "b.o": 4.0}))
+    log = tmp_path / "build.log"
+    server = JobServer(4, tmp_path / "js", search_path=path, mem_budget_gb=1.0)
+    try:
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        out = tmp_path / "out"
+        out.mkdir()
+        with server.build_session("pkg", out=out, cache_root=cache, patches=patches, default_mb=100, log=log) as s:
+            assert s.env == {
+                ENV_UNIT_TIMES: str(out / "unit-times.json"),
+                ENV_PRIORITY: str(admission.priority({"a.o": 8.0, "b.o": 4.0}, 4)),
+                ENV_PACKAGE: "pkg",
+                ENV_WAIT_LOG: str(out / "waits.log"),
+            }
+            project = _memory_project(tmp_path / "ok", {"a.o": (30, 0.3), "b.o": (30, 0.3)})
+            _ninja_passes(project, {**env, **s.env})
+        assert set(s.units) == {"a.o", "b.o"} and set(load_memory(memory_record(cache, "pkg"))) == {"a.o", "b.o"}
+        assert set(ninjaorder.load_times(cache / "timings" / "pkg.json")) == {"a.o", "b.o"}
+        assert "# 2 compiles; the largest held" in log.read_text()
+        assert _free_tokens(server) == 4
+
+        failing = tmp_path / "out-failing"
+        failing.mkdir()
+        with (
+            pytest.raises(RuntimeError),
+            server.build_session("bad", out=failing, cache_root=cache, patches=patches, default_mb=100, log=log) as f,
+        ):
+            project = _memory_project(tmp_path / "failing", {"c.o": (30, 0.3)})
+            _ninja_passes(project, {**env, **f.env})
+            raise RuntimeError("the build failed after its compiles")
+        assert set(f.units) == {"c.o"} and set(load_memory(memory_record(cache, "bad"))) == {"c.o"}
+        assert _free_tokens(server) == 4
+    finally:
+        server.close()
+
+    plain = JobServer(2, tmp_path / "js-plain", search_path=path, ninja=(None, None))
+    try:
+        with plain.build_session("pkg", out=out, cache_root=cache, patches=patches, default_mb=100, log=log) as p:
+            assert p.env == {ENV_WAIT_LOG: str(out / "waits.log")}
+        assert p.units == {} and p.starved == []
+    finally:
+        plain.close()

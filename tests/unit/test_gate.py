@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks import compilers, gate
+from tasks.admission import Expect, Plan
 from tasks.gate import Unit, unit_name
-from tasks.jobserver import Expect, _Plan, load_memory, memory_record, record_memory
+from tasks.jobserver import load_memory, memory_record, record_memory
 
 
 def test_a_unit_is_named_by_its_output_as_ninja_logs_it() -> None:
@@ -17,6 +19,11 @@ def test_a_unit_is_named_by_its_output_as_ninja_logs_it() -> None:
     # questions to the compiler are no unit: the gate runs them without a token
     assert unit_name(["nvcc", "--version"]) == ""
     assert unit_name(["c++", "-dumpmachine"]) == ""
+
+
+def test_the_gate_marks_its_compilers_by_the_name_the_escape_watch_looks_for() -> None:
+    # tasks/gate.py imports nothing of tasks/, and the no-op path does not import the gate: two definitions.
+    assert gate.ENV_GATED == compilers.GATED_MARK
 
 
 def test_a_unit_remembers_its_peak_the_process_it_came_in_and_its_rest() -> None:
@@ -33,7 +40,7 @@ def test_a_unit_remembers_its_peak_the_process_it_came_in_and_its_rest() -> None
 
 
 def test_expectations_come_from_records_then_hints_then_the_package() -> None:
-    plan = _Plan(
+    plan = Plan(
         records={"k1.o": {"peak_mb": 6000, "peak_in": "cicc", "after_mb": 800}},
         hints={"k*.o": {"peak_mb": 20000, "peak_in": "cicc", "after_mb": 5000}, "huge.o": {"peak_mb": 99999}},
         default_mb=24576,
@@ -43,7 +50,7 @@ def test_expectations_come_from_records_then_hints_then_the_package() -> None:
     assert plan.expect("huge.o") == Expect(24576, "", 24576)  # a hint above the package's figure is capped
     assert plan.expect("other.o") == Expect(24576)
     assert plan.expect("other.cu.E") == Expect(2048)
-    small = _Plan(records={}, hints=plan.hints, default_mb=7168)  # FA3's minimal profile states 7 GB
+    small = Plan(records={}, hints=plan.hints, default_mb=7168)  # FA3's minimal profile states 7 GB
     assert small.expect("k2.o").peak_mb == 7168
 
 
