@@ -38,8 +38,10 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from tasks import docker, pypi
-from tasks.cache import rmtree, temporary_dir, warn
+from tasks.cache import temporary_dir
+from tasks.console import warn
 from tasks.errors import ImageError, LockError, VerificationError
+from tasks.fsutil import rmtree
 from tasks.index import wheel_metadata, wheel_problem
 from tasks.lockfile import Runtime
 from tasks.treehash import file_sha256

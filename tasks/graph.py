@@ -40,9 +40,9 @@ from typing import Any
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
-from tasks.cache import copy_atomic, rmtree
 from tasks.context import Context
 from tasks.errors import BundleError, FetchError, LockError, ReproError, debug_enabled
+from tasks.fsutil import copy_atomic, rmtree
 from tasks.lockfile import format_problems
 
 TaskDict = dict[str, Any]

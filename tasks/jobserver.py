@@ -57,7 +57,7 @@ from pathlib import Path
 
 from tasks import compilers, ninjaorder
 from tasks import gate as gate_module
-from tasks.cache import write_atomic
+from tasks.fsutil import write_atomic
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
 MIN_NINJA = (1, 13)

@@ -24,8 +24,9 @@ from packaging.version import InvalidVersion, Version
 from tomlkit.items import AoT, Table
 
 from tasks import closure, gitsrc, hermetic, pypi
-from tasks.cache import Cache, write_atomic
+from tasks.cache import Cache
 from tasks.errors import FetchError, LockError, ReproError
+from tasks.fsutil import write_atomic
 from tasks.lockfile import Lock, Package, Runtime, Source, Submodule, load_lock
 from tasks.sources import materialize, source_filter
 from tasks.treehash import file_sha256, tree_sha256

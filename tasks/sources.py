@@ -17,8 +17,10 @@ from typing import Any
 
 from tasks import gitsrc, proc, pypi
 from tasks.archive import pack_tree, unpack
-from tasks.cache import Cache, copy_atomic, rmtree, warn, write_atomic
+from tasks.cache import Cache
+from tasks.console import warn
 from tasks.errors import VerificationError
+from tasks.fsutil import copy_atomic, rmtree, write_atomic
 from tasks.lockfile import Source
 from tasks.members import escaping_link
 from tasks.treehash import FileFilter, file_sha256, hash_entries, tree_sha256, walk

@@ -27,8 +27,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from tasks import compilers
-from tasks.cache import Cache, write_atomic
+from tasks.cache import Cache
 from tasks.errors import ToolchainError
+from tasks.fsutil import write_atomic
 from tasks.lockfile import Toolchain
 
 #: 3: nvcc by its resolved path; ninja no longer in the key (it cannot change a wheel's bytes).

@@ -50,8 +50,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from tasks import elfcheck, proc, provenance
 from tasks import proc as proc_mod
-from tasks.cache import write_atomic
 from tasks.errors import ReproError, VerifyFailed
+from tasks.fsutil import write_atomic
 from tasks.treehash import file_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
