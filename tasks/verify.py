@@ -46,8 +46,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from tasks import elfcheck, proc, provenance
 from tasks import proc as proc_mod
 from tasks.errors import ReproError, VerifyFailed
@@ -990,6 +988,10 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
 
 def _tool_closure() -> set[str]:
     """reprostack and every distribution it requires, transitively, as installed for this interpreter."""
+    # Here, not at the top: inside an image (tasks/verify_incontainer.py) this module has only the standard
+    # library and KIT_DEPENDENCIES (tasks/verify_image.py), and the tool's venv is never the base there.
+    from packaging.requirements import InvalidRequirement, Requirement
+
     seen: set[str] = set()
     todo = ["reprostack"]
     while todo:
