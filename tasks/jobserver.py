@@ -45,7 +45,6 @@ import shlex
 import shutil
 import socket
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
@@ -55,7 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import compilers, ninjaorder
+from tasks import compilers, ninjaorder, proc
 from tasks import gate as gate_module
 from tasks.fsutil import write_atomic
 
@@ -635,8 +634,8 @@ def find_ninja(search_path: str) -> tuple[str | None, tuple[int, ...] | None]:
 
 def ninja_version(ninja: str) -> tuple[int, ...] | None:
     try:
-        out = subprocess.run([ninja, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        out = proc.query([ninja, "--version"], timeout=30, text=True).stdout
+    except (OSError, proc.TimeoutExpired):
         return None
     m = re.match(r"(\d+)\.(\d+)", out.strip())
     return (int(m.group(1)), int(m.group(2))) if m else None
