@@ -32,9 +32,10 @@ from tasks import (
     toolchain,
     workspace,
 )
-from tasks.cache import WheelEntry, rmtree
+from tasks.cache import WheelEntry
 from tasks.context import Context
 from tasks.errors import BuildError
+from tasks.fsutil import rmtree
 from tasks.jobserver import killed_for_memory
 from tasks.lockfile import Package
 from tasks.sources import ensure_wheel, verified_source

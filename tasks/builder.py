@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks import docker, proc, toolchain
-from tasks.cache import Cache, write_atomic
+from tasks.cache import Cache
 from tasks.errors import ImageError, ToolchainError
+from tasks.fsutil import write_atomic
 from tasks.imageref import parse_reference
 from tasks.lockfile import BuilderSpec
 from tasks.settings import Settings

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks import bundle_unpack
-from tasks.cache import warn, write_atomic
+from tasks.console import warn
 from tasks.errors import BundleError
+from tasks.fsutil import write_atomic
 from tasks.treehash import file_sha256
 from tasks.wheelnorm import DEFAULT_EPOCH
 

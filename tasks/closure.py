@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -37,9 +36,11 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from tasks import docker, pypi
-from tasks.cache import rmtree, temporary_dir, warn
+from tasks import docker, proc, pypi
+from tasks.cache import temporary_dir
+from tasks.console import warn
 from tasks.errors import ImageError, LockError, VerificationError
+from tasks.fsutil import rmtree
 from tasks.index import wheel_metadata, wheel_problem
 from tasks.lockfile import Runtime
 from tasks.treehash import file_sha256
@@ -199,7 +200,7 @@ def resolve(
         for name in ("PIP_NO_INDEX", "PIP_TARGET", "PIP_PREFIX", "PIP_REQUIRE_VIRTUALENV", "PIP_USER"):
             env.pop(name, None)
         log.parent.mkdir(parents=True, exist_ok=True)
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
+        res = proc.query(cmd, env=env, text=True)
         log.write_text(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
         if res.returncode != 0:
             reason = _pip_reason(res.stderr + _conflict(res.stdout), target, where)
@@ -280,9 +281,8 @@ def capture_base(
     else:
         cmd = [python, str(CAPTURE_SCRIPT)]
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
-                                 check=False)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            res = proc.query(cmd, timeout=300, text=True)
+        except (OSError, proc.TimeoutExpired) as exc:
             raise LockError(f"{what} cannot be run: {exc}") from None
         log.write_text(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
         if res.returncode != 0:

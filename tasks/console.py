@@ -14,6 +14,11 @@ import threading
 from typing import Any, TextIO
 
 
+def warn(message: str) -> None:
+    """One ``WARNING:`` line on stderr."""
+    print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+
 class LineWriter:
     """A text stream that forwards whole lines, one thread's at a time."""
 

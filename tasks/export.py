@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks import docker, proc
-from tasks.cache import rmtree, write_atomic
 from tasks.context import Context
 from tasks.errors import ImageError
+from tasks.fsutil import rmtree, write_atomic
 from tasks.image import Plan, make_plan, require_image
 from tasks.treehash import file_sha256
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Mapping
@@ -65,13 +64,7 @@ def _git(repo: Path, *args: str, what: str = "", input: bytes | None = None) -> 
 
 
 def _has_commit(repo: Path, commit: str) -> bool:
-    res = subprocess.run(
-        ["git", "--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"],
-        env=git_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        check=False,
-    )
+    res = proc.query(["git", "--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"], env=git_env())
     return res.returncode == 0
 
 
@@ -365,22 +358,15 @@ def _write_blobs(repo: Path, blobs: list[tuple[TreeItem, Path]]) -> None:
     """Write each blob of ``repo`` to its path (644, or 755 for an executable), through one ``git cat-file``."""
     if not blobs:
         return
-    with subprocess.Popen(
-        ["git", "--git-dir", str(repo), "cat-file", "--batch"],
-        env=git_env(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    ) as cat:
-        assert cat.stdin and cat.stdout
+    with proc.stream(["git", "--git-dir", str(repo), "cat-file", "--batch"], env=git_env()) as (ask, answer):
         for item, target in blobs:
-            cat.stdin.write(item.sha.encode() + b"\n")
-            cat.stdin.flush()
-            header = cat.stdout.readline().split()
+            ask.write(item.sha.encode() + b"\n")
+            ask.flush()
+            header = answer.readline().split()
             if len(header) != 3 or header[1] != b"blob":
                 raise FetchError(f"git cat-file: unexpected answer {header!r} for {item.path}")
-            data = cat.stdout.read(int(header[2]))
-            cat.stdout.read(1)
+            data = answer.read(int(header[2]))
+            answer.read(1)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             os.chmod(target, 0o755 if item.mode == "100755" else 0o644)
-        cat.stdin.close()

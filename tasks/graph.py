@@ -41,9 +41,9 @@ from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
 from tasks import kinds
-from tasks.cache import copy_atomic, rmtree
 from tasks.context import Context
 from tasks.errors import BundleError, FetchError, LockError, ReproError, debug_enabled
+from tasks.fsutil import copy_atomic, rmtree
 from tasks.lockschema import format_problems
 
 TaskDict = dict[str, Any]

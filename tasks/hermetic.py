@@ -56,8 +56,9 @@ from packaging.utils import (
 from packaging.version import Version
 
 from tasks import proc, pypi
-from tasks.cache import Cache, rmtree, write_atomic
+from tasks.cache import Cache
 from tasks.errors import LockError, ToolchainError, VerificationError
+from tasks.fsutil import rmtree, write_atomic
 from tasks.lockfile import WheelPin
 from tasks.treehash import file_sha256
 

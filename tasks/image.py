@@ -34,9 +34,9 @@ from typing import Any
 from filelock import FileLock
 
 from tasks import docker
-from tasks.cache import rmtree
 from tasks.context import Context
 from tasks.errors import ImageError, ReproError
+from tasks.fsutil import rmtree
 from tasks.imageref import label_key, parse_reference, short_id
 from tasks.keys import canonical_json
 from tasks.layer import base_history, config_bytes, image_config, normalize_layer, write_docker_archive

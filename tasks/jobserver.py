@@ -46,7 +46,6 @@ import shlex
 import shutil
 import socket
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
@@ -56,10 +55,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks import admission, compilers, ninjaorder
+from tasks import admission, compilers, ninjaorder, proc
 from tasks import gate as gate_module
 from tasks.admission import Expect, Plan
-from tasks.cache import write_atomic
+from tasks.fsutil import write_atomic
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
 MIN_NINJA = (1, 13)
@@ -589,8 +588,8 @@ def find_ninja(search_path: str) -> tuple[str | None, tuple[int, ...] | None]:
 
 def ninja_version(ninja: str) -> tuple[int, ...] | None:
     try:
-        out = subprocess.run([ninja, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        out = proc.query([ninja, "--version"], timeout=30, text=True).stdout
+    except (OSError, proc.TimeoutExpired):
         return None
     m = re.match(r"(\d+)\.(\d+)", out.strip())
     return (int(m.group(1)), int(m.group(2))) if m else None

@@ -47,8 +47,9 @@ from packaging.version import InvalidVersion, Version
 
 from tasks import gitsrc, proc, pypi
 from tasks.archive import pack_tree, unpack
-from tasks.cache import Cache, copy_atomic
+from tasks.cache import Cache
 from tasks.errors import FetchError, LockError, VerificationError
+from tasks.fsutil import copy_atomic
 from tasks.lockschema import (
     Field,
     Problems,

@@ -22,8 +22,9 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from tomlkit.items import AoT, Table
 
 from tasks import closure, hermetic, kinds, pypi
-from tasks.cache import Cache, write_atomic
+from tasks.cache import Cache
 from tasks.errors import LockError, ReproError
+from tasks.fsutil import write_atomic
 from tasks.lockfile import Lock, Package, Runtime, load_lock
 
 

@@ -12,7 +12,7 @@ import json
 import threading
 from pathlib import Path
 
-from tasks.cache import write_atomic
+from tasks.fsutil import write_atomic
 
 FILE = "notices.json"
 _lock = threading.Lock()

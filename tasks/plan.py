@@ -426,7 +426,7 @@ def record_build(
 ) -> None:
     """After a build: its wall time, the part of it its compiles ran or waited for a token (None where no
     ninja log said), its slots and its ninja log's edges, for the next forecast (``timings/<package>.build.json``)."""
-    from tasks.cache import write_atomic
+    from tasks.fsutil import write_atomic
 
     doc = {
         "key": key,

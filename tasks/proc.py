@@ -5,6 +5,13 @@ output appended to a log file, the command echoed at the top of the log. On
 failure the error carries the log's first error lines (compiler errors,
 ninja's FAILED) where its tail lacks them, its last lines and its path; on Ctrl-C
 (or any exception) the whole process group is stopped, TERM then KILL.
+
+Besides :func:`run` (a build step, logged): :func:`run_logged` (a logged command whose failure the caller
+reports), :func:`query` (a short command whose exit status and output the caller reads),
+:func:`capture` and :func:`check_output` (its stdout), :func:`stream` (a conversation over stdin and
+stdout, ``git cat-file --batch``). Every one runs the command in its own session, which the interrupt
+handler stops on Ctrl-C. Only the files that run elsewhere with the standard library alone start
+processes themselves (tests/unit/test_one_way_out.py).
 """
 
 from __future__ import annotations
@@ -23,14 +30,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any, Literal, overload
 
 from tasks import workspace
 from tasks.errors import Interrupted, ReproError
 
 TAIL_LINES = 40
+#: What :func:`query` raises when its command outlives its timeout (subprocess's own: its message names the
+#: command and the seconds).
+TimeoutExpired = subprocess.TimeoutExpired
 
 #: Process groups started by run() and still running, for the interrupt handler.
-_live: set[subprocess.Popen[bytes]] = set()
+_live: set[subprocess.Popen[Any]] = set()
 #: Commands being started (forked, not yet in _live); both under _live_lock, which run() holds from its
 #: interrupted-check to the command's registration, so the handler waits for a command another thread
 #: is starting and then sees it. Reentrant: the handler may run in the thread that holds it.
@@ -251,7 +262,7 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def _ended(proc: subprocess.Popen[bytes]) -> bool:
+def _ended(proc: subprocess.Popen[Any]) -> bool:
     """Whether the command's leader has ended, without reaping it: the thread in :func:`run` waits for it."""
     if proc.returncode is not None:
         return True
@@ -261,7 +272,7 @@ def _ended(proc: subprocess.Popen[bytes]) -> bool:
         return True
 
 
-def stop_group(proc: subprocess.Popen[bytes], grace: float = 5.0, *, reap: bool = True) -> None:
+def stop_group(proc: subprocess.Popen[Any], grace: float = 5.0, *, reap: bool = True) -> None:
     """TERM, then KILL after ``grace`` seconds, the command's process group.
 
     With ``reap=False`` (the interrupt handler, a timeout's timer) the leader is left for the thread that
@@ -389,6 +400,179 @@ def run(
         raise error(f"{label} failed ({reason}).\n{failure_report(log)}")
     # ru_maxrss: the largest resident set of the process or any descendant it waited for (KiB).
     return Usage(cpu_seconds=usage.ru_utime + usage.ru_stime, max_rss_mb=usage.ru_maxrss / 1024)
+
+
+@contextlib.contextmanager
+def _started(cmd: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+    """``cmd`` started in its own session and known to the interrupt handler until the caller is done with
+    it (the caller waits for it); an exception on the way out (Ctrl-C, a timeout) stops its process group.
+    Raises OSError when it cannot start; :class:`Interrupted` when a stop signal came while it ran and it
+    failed (the handler stopped it), as :func:`run` reports it."""
+    global _starting, _ended_interrupted
+    with _live_lock:
+        before = _interrupted.is_set()  # a command started after the interrupt (cleaning up) is left to run
+        _starting += 1
+        try:
+            process = subprocess.Popen(list(cmd), start_new_session=True, **popen)
+            _live.add(process)
+        finally:
+            _starting -= 1
+    try:
+        if _interrupted.is_set() and not before:  # the handler ran in this thread while it started the command
+            stop_group(process, grace=2.0, reap=False)
+        yield process
+    except BaseException:
+        stop_group(process)
+        raise
+    finally:
+        with _live_lock:
+            _live.discard(process)
+            if _interrupted.is_set():
+                _ended_interrupted += 1
+    signum = stop_signal()
+    if signum is not None and not before and process.returncode != 0:
+        raise Interrupted(f"{shlex.join(cmd)} interrupted; process group stopped", signum=signum)
+
+
+@overload
+def query(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    text: Literal[False] = False,
+) -> subprocess.CompletedProcess[bytes]: ...
+@overload
+def query(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    text: Literal[True],
+) -> subprocess.CompletedProcess[str]: ...
+def query(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    text: bool = False,
+) -> subprocess.CompletedProcess[Any]:
+    """Run a short command whose exit status and output the caller judges: stdin from /dev/null, stdout and
+    stderr captured apart (decoded with ``text``), the environment ``env`` (None: this process's).
+
+    Raises OSError when it cannot start and :data:`TimeoutExpired` after ``timeout`` seconds (its process
+    group stopped), as ``subprocess.run`` does; :class:`Interrupted` when a stop signal stopped it.
+    """
+    with _started(
+        cmd,
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=text,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        finally:
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    pipe.close()
+    return subprocess.CompletedProcess(list(cmd), process.returncode, out, err)
+
+
+@contextlib.contextmanager
+def stream(cmd: Sequence[str], *, env: Mapping[str, str] | None = None) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """A conversation with ``cmd`` (``git cat-file --batch``): its stdin and stdout, its stderr this process's.
+
+    On the way out its stdin is closed and the command waited for; on an exception its process group is
+    stopped. Raises OSError when it cannot start.
+    """
+    with _started(cmd, env=None if env is None else dict(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE) as p:
+        assert p.stdin is not None and p.stdout is not None
+        try:
+            yield p.stdin, p.stdout
+            p.stdin.close()
+            p.wait()
+        finally:
+            p.stdin.close()
+            p.stdout.close()
+
+
+def signal_text(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completed:
+    """A command :func:`run_logged` ran: its exit status and its part of the log."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    output: str
+    log: Path
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def tail(self, lines: int = 12) -> str:
+        return "\n".join(self.output.rstrip().splitlines()[-lines:])
+
+    def failure(self, what: str) -> str:
+        why = "timed out" if self.timed_out else signal_text(self.returncode)
+        return f"{what} failed ({why}); log: {self.log}\n{self.tail()}"
+
+
+def run_logged(
+    argv: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path | None = None, timeout: float | None = None
+) -> Completed:
+    """Run one command: stdin from /dev/null, its own process group, stdout
+    and stderr merged and appended to ``log`` after the echoed command.
+
+    On timeout or Ctrl-C the whole process group is stopped (TERM, then KILL).
+    Returns the exit status and this command's part of the log; a command that cannot start
+    is status 127, and its reason is in the log.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        fh.write(f"$ {shlex.join(argv)}\n".encode())
+        if cwd is not None:
+            fh.write(f"# cwd: {cwd}\n".encode())
+        fh.flush()
+        start = fh.tell()
+        timed_out = False
+        with contextlib.ExitStack() as stack:
+            try:
+                process = stack.enter_context(
+                    _started(
+                        argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=dict(env), cwd=cwd
+                    )
+                )
+            except OSError as exc:
+                fh.write(f"cannot run {argv[0]}: {exc}\n".encode())
+                return Completed(argv=tuple(argv), returncode=127, output=str(exc), log=log)
+            try:
+                returncode = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                stop_group(process)
+                returncode = process.returncode if process.returncode is not None else -signal.SIGKILL
+                timed_out = True
+                fh.write(f"\n# timed out after {timeout} s: process group stopped\n".encode())
+        fh.flush()
+    with log.open("rb") as fh:
+        fh.seek(start)
+        output = fh.read().decode("utf-8", errors="replace")
+    return Completed(argv=tuple(argv), returncode=returncode, output=output, log=log, timed_out=timed_out)
 
 
 def capture(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -76,12 +75,9 @@ def _pip_indexes() -> list[str]:
     extra = os.environ.get("PIP_EXTRA_INDEX_URL", "").split()
     if not main or not extra:
         try:
-            res = subprocess.run(
+            res = proc.query(
                 [sys.executable, "-m", "pip", "config", "list"],
-                capture_output=True,
-                stdin=subprocess.DEVNULL,
                 timeout=60,
-                check=False,
                 env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
             )
             for line in res.stdout.decode().splitlines():
@@ -91,7 +87,7 @@ def _pip_indexes() -> list[str]:
                     main = value
                 elif key.endswith(".extra-index-url") and not os.environ.get("PIP_EXTRA_INDEX_URL"):
                     extra.extend(value.split())
-        except (OSError, subprocess.TimeoutExpired):
+        except (OSError, proc.TimeoutExpired):
             pass
     return [main or DEFAULT_INDEX, *extra]
 

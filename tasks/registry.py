@@ -24,8 +24,8 @@ from typing import Any
 import requests
 import tomlkit
 
-from tasks.cache import write_atomic
 from tasks.errors import ImageError
+from tasks.fsutil import write_atomic
 from tasks.imageref import Reference, is_digest, parse_reference
 from tasks.lockcmd import set_key
 from tasks.lockfile import load_lock

@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from packaging.utils import canonicalize_name
 
-from tasks.cache import Cache, WheelEntry, warn
+from tasks.cache import Cache, WheelEntry
+from tasks.console import warn
 from tasks.index import wheel_problem, wheel_project
 from tasks.keys import action_key, canonical_json
 

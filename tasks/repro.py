@@ -32,9 +32,10 @@ from pathlib import Path
 
 from tasks import proc
 from tasks.build import compile_wheel
-from tasks.cache import rmtree, warn, write_atomic
+from tasks.console import warn
 from tasks.context import Context
 from tasks.errors import ReproError, ReproMismatch
+from tasks.fsutil import rmtree, write_atomic
 from tasks.lockfile import Package
 from tasks.timeline import Progress
 from tasks.treehash import file_sha256

@@ -54,8 +54,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from tasks import proc
-from tasks.cache import warn, write_atomic
+from tasks.console import warn
 from tasks.errors import BuildError
+from tasks.fsutil import write_atomic
 
 #: Bump when anything below changes what a build produces.
 REPRO_FORMAT = 2

@@ -26,8 +26,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tasks.cache import write_atomic
 from tasks.errors import ReproError
+from tasks.fsutil import write_atomic
 from tasks.treehash import file_sha256
 from tasks.wheelnorm import normalize_wheel
 

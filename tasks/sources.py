@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks import kinds, proc, pypi
-from tasks.cache import Cache, rmtree, warn, write_atomic
+from tasks.cache import Cache
+from tasks.console import warn
 from tasks.errors import VerificationError
+from tasks.fsutil import rmtree, write_atomic
 from tasks.kinds import materialize
 from tasks.lockfile import Source
 from tasks.members import escaping_link

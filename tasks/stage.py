@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tasks import members, proc
-from tasks.cache import rmtree
 from tasks.errors import PatchError, VerificationError
+from tasks.fsutil import rmtree
 from tasks.lockfile import Package
 from tasks.wheelnorm import DEFAULT_EPOCH
 

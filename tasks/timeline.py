@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import procfs
-from tasks.cache import write_atomic
+from tasks.fsutil import write_atomic
 
 _PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 

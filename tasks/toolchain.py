@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterable, Mapping
@@ -26,9 +25,10 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from tasks import compilers
-from tasks.cache import Cache, write_atomic
+from tasks import compilers, proc
+from tasks.cache import Cache
 from tasks.errors import ToolchainError
+from tasks.fsutil import write_atomic
 from tasks.lockfile import Toolchain
 
 #: 3: nvcc by its resolved path; ninja no longer in the key (it cannot change a wheel's bytes).
@@ -97,8 +97,8 @@ def _site_dirs() -> list[str]:
 def nvcc_takes_seed(nvcc: str) -> bool:
     """Whether this nvcc has ``-frandom-seed`` (tasks/reproducible.py uses it), from its ``--help``."""
     try:
-        res = subprocess.run([nvcc, "--help"], capture_output=True, text=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        res = proc.query([nvcc, "--help"], timeout=120, text=True)
+    except (OSError, proc.TimeoutExpired):
         return False
     return "-frandom-seed" in res.stdout
 
@@ -158,11 +158,8 @@ def nvcc_itself(found: str) -> str:
     """The nvcc program that ``found`` runs, by its resolved path: through symlinks, and through a wrapper
     script (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) by the directory nvcc reports it runs from."""
     here = ""
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        res = subprocess.run(
-            [found, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-            capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False,
-        )  # fmt: skip
+    with contextlib.suppress(OSError, proc.TimeoutExpired):
+        res = proc.query([found, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull], timeout=60)
         m = re.search(r"^#\$ _HERE_=(.+)$", res.stderr.decode("utf-8", "replace"), flags=re.M)
         here = m.group(1).strip() if m else ""
     inside = os.path.join(here, "nvcc") if here else ""
@@ -171,8 +168,8 @@ def nvcc_itself(found: str) -> str:
 
 def _first_line(cmd: list[str], pattern: str = "") -> str:
     try:
-        res = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        res = proc.query(cmd, timeout=60)
+    except (OSError, proc.TimeoutExpired):
         return ""
     text = (res.stdout or res.stderr).decode("utf-8", "replace")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -194,14 +191,7 @@ def _cudnn_version(paths: Iterable[str]) -> tuple[str, str]:
 
 def probe(env: Mapping[str, str]) -> dict[str, Any]:
     """Run the tools and the interpreter to build the fingerprint (slow: seconds)."""
-    res = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        env=dict(env),
-        timeout=300,
-        check=False,
-    )
+    res = proc.query([sys.executable, "-c", _PROBE], env=env, timeout=300)
     if res.returncode != 0:
         raise ToolchainError(f"cannot probe the build interpreter {sys.executable}: {res.stderr.decode()[-2000:]}")
     info: dict[str, Any] = json.loads(res.stdout)

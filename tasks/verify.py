@@ -36,22 +36,18 @@ import importlib.metadata
 import json
 import os
 import re
-import shlex
 import shutil
-import signal
-import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from tasks import elfcheck, proc, provenance
-from tasks import proc as proc_mod
-from tasks.cache import write_atomic
 from tasks.errors import ReproError, VerifyFailed
+from tasks.fsutil import write_atomic
+from tasks.proc import Completed, run_logged
+from tasks.proc import signal_text as signal_text  # verify.signal_text, as it was
 from tasks.treehash import file_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -399,84 +395,8 @@ def describe_device_code(code: DeviceCode) -> str:
     return f"SASS {sass}; PTX {ptx}"
 
 
-def signal_text(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit status {returncode}"
-
-
 # --------------------------------------------------------------------------
 # Processes
-
-
-@dataclass(frozen=True, kw_only=True)
-class Completed:
-    argv: tuple[str, ...]
-    returncode: int
-    output: str
-    log: Path
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
-
-    def tail(self, lines: int = 12) -> str:
-        return "\n".join(self.output.rstrip().splitlines()[-lines:])
-
-    def failure(self, what: str) -> str:
-        why = "timed out" if self.timed_out else signal_text(self.returncode)
-        return f"{what} failed ({why}); log: {self.log}\n{self.tail()}"
-
-
-def run_logged(
-    argv: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path | None = None, timeout: float | None = None
-) -> Completed:
-    """Run one command: stdin from /dev/null, its own process group, stdout
-    and stderr merged and appended to ``log`` after the echoed command.
-
-    On timeout or Ctrl-C the whole process group is stopped (TERM, then KILL).
-    Returns the exit status and this command's part of the log.
-    """
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as fh:
-        fh.write(f"$ {shlex.join(argv)}\n".encode())
-        if cwd is not None:
-            fh.write(f"# cwd: {cwd}\n".encode())
-        fh.flush()
-        start = fh.tell()
-        timed_out = False
-        try:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=dict(env),
-                cwd=cwd,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            fh.write(f"cannot run {argv[0]}: {exc}\n".encode())
-            return Completed(argv=tuple(argv), returncode=127, output=str(exc), log=log)
-        try:
-            returncode = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc_mod.stop_group(proc)
-            returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-            timed_out = True
-            fh.write(f"\n# timed out after {timeout} s: process group stopped\n".encode())
-        except BaseException:
-            proc_mod.stop_group(proc)
-            raise
-        fh.flush()
-    with log.open("rb") as fh:
-        fh.seek(start)
-        output = fh.read().decode("utf-8", errors="replace")
-    return Completed(argv=tuple(argv), returncode=returncode, output=output, log=log, timed_out=timed_out)
 
 
 def child_env(venv: Path | None = None, gpu: GpuMode = "auto") -> dict[str, str]:
@@ -990,6 +910,10 @@ def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
 
 def _tool_closure() -> set[str]:
     """reprostack and every distribution it requires, transitively, as installed for this interpreter."""
+    # Here, not at the top: inside an image (tasks/verify_incontainer.py) this module has only the standard
+    # library and KIT_DEPENDENCIES (tasks/verify_image.py), and the tool's venv is never the base there.
+    from packaging.requirements import InvalidRequirement, Requirement
+
     seen: set[str] = set()
     todo = ["reprostack"]
     while todo:

@@ -23,9 +23,9 @@ import sysconfig
 from pathlib import Path
 
 from tasks import docker, proc
-from tasks.cache import rmtree, write_atomic
 from tasks.context import Context
 from tasks.errors import ImageError, VerifyFailed
+from tasks.fsutil import rmtree, write_atomic
 from tasks.image import KEY_LABEL, require_image
 from tasks.verify import Report, Row, find_cuobjdump
 

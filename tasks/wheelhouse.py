@@ -22,9 +22,10 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from tasks import index, provenance
-from tasks.cache import WheelEntry, copy_atomic, rmtree, write_atomic
+from tasks.cache import WheelEntry
 from tasks.context import Context
 from tasks.errors import BuildError, LockError, VerificationError
+from tasks.fsutil import copy_atomic, rmtree, write_atomic
 from tasks.index import wheel_project
 from tasks.lockfile import Package
 from tasks.treehash import file_sha256

@@ -200,7 +200,7 @@ def _holder(builddir: Path) -> str:
 
 def cleanup(directory: Path) -> str:
     """Stop the sessions and remove the trees that runs which are gone left in ``directory``."""
-    from tasks.cache import rmtree
+    from tasks.fsutil import rmtree
 
     stopped = trees = 0
     runs = []

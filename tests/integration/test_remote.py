@@ -26,7 +26,7 @@ from conftest import (
 )
 from serve import FixtureServer
 
-from tasks.cache import rmtree
+from tasks.fsutil import rmtree
 from tasks.remote import history_key
 from tasks.treehash import file_sha256
 

@@ -204,3 +204,86 @@ def test_a_timeout_before_the_wait_is_a_timeout(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(ReproError, match=r"timed out after 0.2 s; its process group was stopped"):
         proc.run(["sleep", "30"], env=dict(os.environ), log=log, timeout=0.2)
     assert "# timed out after 0.2 s" in log.read_text()
+
+
+# --------------------------------------------------------------------------- query, stream
+
+
+def test_query_gives_the_exit_status_and_both_outputs() -> None:
+    res = proc.query(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (res.returncode, res.stdout, res.stderr) == (3, b"out\n", b"err\n")
+    assert proc.query(["sh", "-c", "echo $X"], env={"X": "é"}, text=True).stdout == "é\n"
+    assert proc.query(["sh", "-c", "cat"]).stdout == b""  # stdin is /dev/null
+    with pytest.raises(OSError):
+        proc.query(["/nonexistent/program"])
+
+
+def test_query_timeout_stops_the_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    with pytest.raises(proc.TimeoutExpired, match=r"timed out after 0\.5 seconds"):
+        proc.query(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], timeout=0.5)
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while _running(child):
+        assert time.monotonic() < deadline, "the background child survived the timeout"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Running (a zombie left to a non-reaping init counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_stream_talks_to_the_command() -> None:
+    with proc.stream(["cat"]) as (ask, answer):
+        for word in (b"one\n", b"two\n"):
+            ask.write(word)
+            ask.flush()
+            assert answer.readline() == word
+
+
+_QUERY_WORKER = """
+import os, queue, sys, threading
+from pathlib import Path
+from tasks import proc
+from tasks.errors import ReproError
+
+work = Path(sys.argv[1])
+proc.install_interrupt_handler()
+done = queue.Queue()
+
+def worker():
+    try:
+        proc.query(["bash", "-c", f"echo started > {work / 'started'}; sleep 300"])
+    except ReproError as exc:
+        (work / "error.txt").write_text(f"{type(exc).__name__}: {exc}")
+    done.put(1)
+
+threading.Thread(target=worker, daemon=True).start()
+done.get()
+sys.exit(1)
+"""
+
+
+def test_ctrl_c_stops_a_query_in_a_worker_thread(tmp_path: Path, spawned: list[subprocess.Popen[str]]) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    p = subprocess.Popen(
+        [sys.executable, "-c", _QUERY_WORKER, str(tmp_path)],
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    spawned.append(p)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():
+        assert time.monotonic() < deadline and p.poll() is None, "the query never started"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _out, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert (tmp_path / "error.txt").read_text().startswith("Interrupted: bash -c ")
+    assert "interrupted; process group stopped" in (tmp_path / "error.txt").read_text()
+    assert "stopped 1 running command(s), cleaning up" in err
