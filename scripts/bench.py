@@ -607,8 +607,12 @@ def main() -> int:
             server.stop()
         return 0
 
-    # Sources first, so the per-package figures are compile time only.
-    wall, cpu, _ = timed(doit_cmd(args, work, "fetch"), cwd=work, env=env, log=log)
+    # Sources first, so the per-package figures are compile time only: the profile's (a mirror made for
+    # the profile, offline, has no others).
+    from tasks.lockfile import load_lock
+
+    fetches = [f"fetch:{name}" for name in load_lock(args.lock, require_pins=False).sources_for(args.profile)]
+    wall, cpu, _ = timed(doit_cmd(args, work, *fetches), cwd=work, env=env, log=log)
     result["fetch_s"] = round(wall, 2)
     if args.stack:
         cmd = doit_cmd(args, work, "wheels") + upload
