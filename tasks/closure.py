@@ -36,7 +36,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from tasks import docker, proc, pypi
+from tasks import docker, net, proc, pypi
 from tasks.cache import temporary_dir
 from tasks.console import warn
 from tasks.errors import ImageError, LockError, VerificationError
@@ -192,7 +192,7 @@ def resolve(
             sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",  # not --quiet: pip
             # says the causes of a conflict ("The conflict is caused by: ...") at its default level only
             "--disable-pip-version-check", "--no-input", "--report", str(work / "report.json"),
-            "--timeout", f"{pypi.TIMEOUT:g}",  # REPRO_NET_TIMEOUT, as every other network operation
+            "--timeout", f"{net.timeout():g}",  # REPRO_NET_TIMEOUT, as every other network operation
             *target.pip_options(), "--target", str(work / "target"), "--find-links", str(stubs),
             "-r", str(work / "requirements.in"), "-c", str(work / "constraints.txt"),
         ]  # fmt: skip
@@ -358,7 +358,7 @@ def file_hashes(name: str, version: str, target: Target, *, work: Path, indexes:
         sha = link.sha256
         if not sha:  # an index without #sha256= fragments: download and hash
             dest = work / link.filename
-            pypi.download(link.url, dest)
+            net.download(link.url, dest)
             sha = file_sha256(dest)
             dest.unlink()
         hashes.add(sha)
@@ -448,7 +448,7 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
     with temporary_dir(store, ".fetch-") as tmp:  # held by this run; one a killed run left, the next removes
         for origin, filename in candidates:
             dest = tmp / filename
-            pypi.download(origin, dest)
+            net.download(origin, dest)
             sha = file_sha256(dest)
             if sha not in pin.hashes:
                 raise VerificationError(

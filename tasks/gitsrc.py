@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin
 
-from tasks import members, proc, procfs
+from tasks import members, net, proc, procfs
 from tasks.errors import FetchError, LockError, VerificationError, unreachable
-from tasks.pypi import TIMEOUT
 from tasks.treehash import FileFilter
 
 
@@ -34,9 +33,9 @@ class TreeItem:
 def git_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="true", LC_ALL="C")
-    # A server that accepts the connection and then stops sending: git gives up after TIMEOUT s
-    # without data (curl's low-speed limit), as HTTP downloads do (tasks/pypi.py).
-    env.update(GIT_HTTP_LOW_SPEED_LIMIT="1", GIT_HTTP_LOW_SPEED_TIME=str(max(1, round(TIMEOUT))))
+    # A server that accepts the connection and then stops sending: git gives up after net.timeout() s
+    # without data (curl's low-speed limit), as HTTP downloads do (tasks/net.py).
+    env.update(GIT_HTTP_LOW_SPEED_LIMIT="1", GIT_HTTP_LOW_SPEED_TIME=str(max(1, round(net.timeout()))))
     return env
 
 
@@ -142,7 +141,7 @@ class _Stalled(FetchError):
 
 def _fetch(repo: Path, url: str, args: list[str], log: Path, what: str) -> None:
     """``git fetch --no-tags ARGS`` from ``url``, bounded in time on every transport (:class:`_Stalled`)."""
-    watch = _StallWatch(log, TIMEOUT)
+    watch = _StallWatch(log, net.timeout())
     try:
         proc.run(
             ["git", "--git-dir", str(repo), "fetch", "--no-tags", *args],
@@ -156,7 +155,7 @@ def _fetch(repo: Path, url: str, args: list[str], log: Path, what: str) -> None:
     except FetchError:
         if watch.fired or _stalled(log):
             raise _Stalled(
-                f"git fetch {url}: the server stopped sending: no data for {TIMEOUT:g} s (REPRO_NET_TIMEOUT); "
+                f"git fetch {url}: the server stopped sending: no data for {net.timeout():g} s (REPRO_NET_TIMEOUT); "
                 f"git was stopped. Check the URL and your network, raise REPRO_NET_TIMEOUT for a slow link, "
                 f"or use mirror=DIR. Full log: {log}"
             ) from None
@@ -199,7 +198,7 @@ def resolve_ref(url: str, ref: str) -> str:
         env=git_env(),
         error=LockError,
         what=f"git ls-remote {url}",
-        timeout=TIMEOUT * 2,
+        timeout=net.timeout() * 2,
     ).decode()
     refs: dict[str, str] = {}
     for line in out.splitlines():

@@ -55,7 +55,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from tasks import proc, pypi
+from tasks import net, proc, pypi
 from tasks.cache import Cache
 from tasks.errors import LockError, ToolchainError, VerificationError
 from tasks.fsutil import rmtree, write_atomic
@@ -312,7 +312,7 @@ def lock_pin(pin: WheelPin, *, python: str, work: Path, indexes: list[str] | Non
         sha = link.sha256
         if not sha:
             dest = work / link.filename
-            pypi.download(link.url, dest)
+            net.download(link.url, dest)
             sha = file_sha256(dest)
             dest.unlink()
         pinned.append((link.filename, sha))
@@ -393,7 +393,7 @@ def _download_pinned(
         if not link.sha256 and not wheel_fits(link.filename, project=pin.name, version=pin.version, python=python):
             continue  # no hash on the page: only the files `doit lock` would have hashed are worth downloading
         path = staging / link.filename
-        pypi.download(link.url, path)
+        net.download(link.url, path)
         sha = file_sha256(path)
         if link.sha256 and sha != link.sha256:
             raise VerificationError(

@@ -11,7 +11,7 @@ unknown kind is a :class:`LockError`, never a default.
 Layering (each module imports only the ones above it in this list, never one below):
 
 - tasks/lockschema.py: field checks and the problem collector;
-- the transports: tasks/gitsrc.py, tasks/pypi.py, tasks/archive.py, tasks/cache.py, tasks/treehash.py;
+- the transports: tasks/gitsrc.py, tasks/pypi.py, tasks/net.py, tasks/archive.py, tasks/cache.py, tasks/treehash.py;
 - this module, which imports those two layers only. It never imports the lock model at run time:
   a kind receives a :class:`~tasks.lockfile.Source` and returns new ones with
   :func:`dataclasses.replace`, so it needs that class as a type only (for mypy);
@@ -45,7 +45,7 @@ import tomlkit
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from tasks import gitsrc, proc, pypi
+from tasks import gitsrc, net, proc, pypi
 from tasks.archive import pack_tree, unpack
 from tasks.cache import Cache
 from tasks.errors import FetchError, LockError, VerificationError
@@ -402,7 +402,7 @@ class ArchiveKind(TreeKind):
 
 
 class Url(ArchiveKind):
-    """An archive by URL, downloaded with tasks/pypi.py's downloader."""
+    """An archive by URL, downloaded with tasks/net.py's downloader."""
 
     name = "url"
     fields = TREE_FIELDS | {"url": Field(is_str, required=True), "sha256": Field(is_sha256)}
@@ -425,7 +425,7 @@ class Url(ArchiveKind):
         return bool(src.tree_sha256) and bool(src.sha256)
 
     def _download(self, src: Source, dest: Path) -> str:
-        pypi.download(src.url, dest)
+        net.download(src.url, dest)
         return src.url
 
     def provenance(self, src: Source, path: str) -> list[dict[str, Any]]:
@@ -518,7 +518,7 @@ class Pypi(ArchiveKind):
                 f"source {src.name}: the index lists {src.filename} with sha256 {link.sha256} "
                 f"but the lock pins {src.sha256}"
             )
-        pypi.download(link.url, dest)
+        net.download(link.url, dest)
         return link.url
 
     def provenance(self, src: Source, path: str) -> list[dict[str, Any]]:
@@ -577,7 +577,7 @@ class Wheel(SourceKind):
         with cache.staging(f"lock-{src.name}") as work:
             path = work / src.filename
             try:
-                pypi.download(src.url, path)
+                net.download(src.url, path)
             except FetchError as exc:
                 return {}, (
                     f"{src.name}: NOT PINNED: {src.url} cannot be reached from here "

@@ -1,4 +1,4 @@
-"""Find and download files of PyPI-kind sources through the index the user's pip uses.
+"""Find the files of PyPI-kind sources through the index the user's pip uses (tasks/net.py downloads them).
 
 The index is pip's own configuration (``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``
 or ``pip config``), so a site mirror or proxy configured for pip is honoured.
@@ -8,23 +8,19 @@ Pages are read in the PEP 503 (HTML) form, which every index serves.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urljoin, urlparse
 from urllib.request import url2pathname
 
 from packaging.utils import canonicalize_name
 
-from tasks import proc
+from tasks import net, proc
 from tasks.errors import FetchError, unreachable
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
-#: Seconds a connection may take to open and a transfer may go without data (REPRO_NET_TIMEOUT; git too).
-TIMEOUT = float(os.environ.get("REPRO_NET_TIMEOUT") or 60)
 
 
 @dataclass(frozen=True)
@@ -93,15 +89,14 @@ def _pip_indexes() -> list[str]:
 
 
 def _read(url: str) -> bytes | None:
-    import requests  # imported on use: keeps `doit` start-up fast
-
     parsed = urlparse(url)
     if parsed.scheme == "file":
         path = Path(url2pathname(parsed.path))
         if path.is_dir():
             path = path / "index.html"
         return path.read_bytes() if path.is_file() else None
-    resp = requests.get(url, timeout=TIMEOUT, headers={"Accept": "text/html"})
+    with net.session(trust_env=True) as http:
+        resp = http.get(url, timeout=net.timeout(), headers={"Accept": "text/html"})
     if resp.status_code == 404:
         return None
     resp.raise_for_status()
@@ -184,59 +179,3 @@ def project_files(project: str, indexes: list[str] | None = None) -> ProjectFile
                     f"{link.url} has {link.sha256}); fix or drop one of them in pip's configuration"
                 )
     return ProjectFiles(links=list(by_name.values()), pages=pages, found=found)
-
-
-def download(url: str, dest: Path) -> None:
-    """Download ``url`` (http(s) or file) to ``dest``.
-
-    Stops at a stop signal (tasks/proc.py): the handler shuts the connection's socket, so a read
-    blocked on a server that trickles or stalls returns at once, and :class:`Interrupted` is raised;
-    the caller's temporary directory then goes with it.
-    """
-    import requests
-
-    what = f"download of {url}"
-    parsed = urlparse(url)
-    try:
-        if parsed.scheme == "file" or not parsed.scheme:
-            src = Path(url2pathname(parsed.path)) if parsed.scheme else Path(url)
-            with proc.in_process(what), src.open("rb") as fh, dest.open("wb") as out:
-                while chunk := fh.read(1 << 20):
-                    proc.check_interrupted(what)
-                    out.write(chunk)
-            return
-        connection: list[socket.socket] = []  # a duplicate of the body's socket, for the handler to shut
-
-        def stop() -> None:
-            for c in connection:
-                c.shutdown(socket.SHUT_RDWR)
-
-        try:
-            with proc.in_process(what, stop=stop):
-                with requests.get(url, stream=True, timeout=TIMEOUT) as resp:
-                    connection.extend(_socket_of(resp))
-                    resp.raise_for_status()
-                    with dest.open("wb") as out:
-                        for chunk in resp.iter_content(1 << 16):
-                            proc.check_interrupted(what)
-                            out.write(chunk)
-                    proc.check_interrupted(what)  # a shut socket may end the body early, without an error
-        finally:
-            for c in connection:
-                c.close()
-    except OSError as exc:  # requests.RequestException is an OSError
-        proc.check_interrupted(what)  # the error is the shut socket's
-        raise unreachable(url, str(exc)) or FetchError(f"download of {url} failed: {exc}") from None
-
-
-def _socket_of(resp: Any) -> list[socket.socket]:
-    """A duplicate of the socket a streamed response's body comes from (none where it cannot be had).
-
-    Shutting it down (from the interrupt handler, in another thread) ends the body at once, also a
-    read blocked on a server that trickles or stalls, and also over TLS; being our own descriptor, it
-    is never another file's, whenever the handler comes.
-    """
-    try:
-        return [socket.socket(fileno=os.dup(resp.raw.fileno()))]
-    except (OSError, ValueError, AttributeError):
-        return []

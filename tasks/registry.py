@@ -24,6 +24,7 @@ from typing import Any
 import requests
 import tomlkit
 
+from tasks import net
 from tasks.errors import ImageError
 from tasks.fsutil import write_atomic
 from tasks.imageref import Reference, is_digest, parse_reference
@@ -36,7 +37,6 @@ MANIFEST_TYPES = (
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 )
-TIMEOUT_S = 20.0
 #: Lock tables holding an image reference, and the key naming it.
 IMAGE_TABLES = {"image": "base", "builder": "image"}
 
@@ -64,13 +64,17 @@ def manifest_url(ref: Reference) -> str:
     return f"{scheme}://{ref.api_host}/v2/{ref.repository}/manifests/{ref.tag}"
 
 
-def resolve_digest(ref: Reference, *, timeout: float = TIMEOUT_S) -> str:
-    """The digest the registry serves for ``ref``'s tag; ImageError saying why not."""
+def resolve_digest(ref: Reference, *, timeout: float | None = None) -> str:
+    """The digest the registry serves for ``ref``'s tag; ImageError saying why not.
+
+    Each request gives up after ``timeout`` seconds (default: ``REPRO_NET_TIMEOUT``, tasks/net.py).
+    """
+    if timeout is None:
+        timeout = net.timeout()
     url = manifest_url(ref)
     headers = {"Accept": ", ".join(MANIFEST_TYPES)}
     try:
-        with requests.Session() as session:
-            session.trust_env = True  # proxies from the environment, as docker would use them
+        with net.session(trust_env=True) as session:  # proxies from the environment, as docker would use them
             res = session.head(url, headers=headers, timeout=timeout, allow_redirects=True)
             if res.status_code == 401:
                 headers["Authorization"] = f"Bearer {_anonymous_token(session, ref, res.headers, timeout)}"

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from packaging.utils import canonicalize_name
 
+from tasks import net
 from tasks.cache import Cache, WheelEntry
 from tasks.console import warn
 from tasks.index import wheel_problem, wheel_project
@@ -53,8 +54,8 @@ if TYPE_CHECKING:
 
     from tasks.plan import Earlier
 
-#: Tries per request (connection errors, timeouts, 5xx), with this backoff between them (HTTP).
-#: An S3 request gets the same number of tries from botocore's "standard" retry mode.
+#: Tries per request (connection errors, timeouts, 5xx), with this backoff between them (HTTP, through
+#: tasks/net.py's session). An S3 request gets the same number of tries from botocore's "standard" retry mode.
 TRIES = 3
 BACKOFF_S = (0.5, 1.0)
 CHUNK = 1 << 20
@@ -308,7 +309,12 @@ def check_url(url: str) -> str | None:
 
 
 class HttpStore:
-    """A Bazel HTTP remote cache: GET, HEAD and PUT under ``url``."""
+    """A Bazel HTTP remote cache: GET, HEAD and PUT under ``url``.
+
+    Each request is tried :data:`TRIES` times (a connection error, a timeout, HTTP 5xx) with
+    :data:`BACKOFF_S` between tries, by the session's urllib3 ``Retry`` (tasks/net.py), and without
+    proxies from the environment (the remote is named explicitly).
+    """
 
     def __init__(self, url: str, *, timeout: float) -> None:
         self.url = url.rstrip("/")
@@ -317,7 +323,7 @@ class HttpStore:
         self._session: requests.Session | None = None
 
     def get(self, path: str) -> bytes | None:
-        resp = self._retrying("GET", path)
+        resp = self._request("GET", path)
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:
@@ -325,7 +331,7 @@ class HttpStore:
         return resp.content
 
     def size(self, path: str) -> int | None:
-        resp = self._retrying("HEAD", path)
+        resp = self._request("HEAD", path)
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:
@@ -335,60 +341,35 @@ class HttpStore:
 
     def put(self, path: str, source: Path | bytes) -> None:
         data = source.read_bytes() if isinstance(source, Path) else source
-        resp = self._retrying("PUT", path, data)
+        resp = self._request("PUT", path, data)
         if resp.status_code not in (200, 201, 204):
             raise RemoteUnavailable(f"PUT {self.url}/{path}: HTTP {resp.status_code}")
 
     def download(self, path: str, dest: Path, limit: int) -> str | None:
-        retryable: tuple[type[Exception], ...] = (_Retry, *_network_errors())
-        for attempt in range(TRIES):
-            try:
-                with self._http().get(f"{self.url}/{path}", timeout=self.timeout, stream=True) as resp:
-                    if resp.status_code == 404:
-                        return "missing on the server"
-                    if resp.status_code >= 500:
-                        raise _Retry(f"HTTP {resp.status_code}")
-                    if resp.status_code != 200:
-                        return f"HTTP {resp.status_code}"
-                    return _receive(resp.iter_content(CHUNK), dest, limit)
-            except retryable as exc:
-                if attempt == TRIES - 1:
-                    raise RemoteUnavailable(f"GET {self.url}/{path}: {exc}") from None
-                time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            with self._http().get(f"{self.url}/{path}", timeout=self.timeout, stream=True) as resp:
+                if resp.status_code == 404:
+                    return "missing on the server"
+                if resp.status_code >= 500:  # still, after the tries
+                    raise RemoteUnavailable(f"GET {self.url}/{path}: HTTP {resp.status_code}")
+                if resp.status_code != 200:
+                    return f"HTTP {resp.status_code}"
+                return _receive(resp.iter_content(CHUNK), dest, limit)
+        except OSError as exc:  # requests' errors are OSErrors
+            raise RemoteUnavailable(f"GET {self.url}/{path}: {exc}") from None
 
-    def _retrying(self, method: str, path: str, data: bytes | None = None) -> requests.Response:
-        for attempt in range(TRIES):
-            try:
-                resp = self._http().request(method, f"{self.url}/{path}", data=data, timeout=self.timeout)
-                if resp.status_code < 500:
-                    return resp
-                problem = f"HTTP {resp.status_code}"
-            except _network_errors() as exc:
-                problem = str(exc)
-            if attempt == TRIES - 1:
-                raise RemoteUnavailable(f"{method} {self.url}/{path}: {problem}")
-            time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _request(self, method: str, path: str, data: bytes | None = None) -> requests.Response:
+        """One request, tried as the session tries it; its last answer (a 5xx too), or RemoteUnavailable."""
+        try:
+            return self._http().request(method, f"{self.url}/{path}", data=data, timeout=self.timeout)
+        except OSError as exc:  # requests' errors are OSErrors
+            raise RemoteUnavailable(f"{method} {self.url}/{path}: {exc}") from None
 
     def _http(self) -> requests.Session:
-        import requests  # imported on use: keeps `doit list` fast
-
         with self._lock:
             if self._session is None:
-                self._session = requests.Session()
-                self._session.trust_env = False  # the remote is named explicitly; no proxies from the environment
+                self._session = net.session(trust_env=False, tries=TRIES, backoff_s=BACKOFF_S)
             return self._session
-
-
-class _Retry(Exception):
-    pass
-
-
-def _network_errors() -> tuple[type[Exception], ...]:
-    import requests
-
-    return (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError, OSError)
 
 
 # --------------------------------------------------------------------------- S3

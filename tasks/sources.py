@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tasks import kinds, proc, pypi
+from tasks import kinds, net, proc
 from tasks.cache import Cache
 from tasks.console import warn
 from tasks.errors import VerificationError
@@ -75,7 +75,7 @@ def ensure_wheel(src: Source, *, cache: Cache, mirror: Path | None) -> Path:
         with proc.in_process(f"fetch of wheel {src.name}"), cache.staging(f"wheel-{src.name}") as work:
             path = work / src.filename
             if origin == src.url:
-                pypi.download(src.url, path)
+                net.download(src.url, path)
             else:
                 shutil.copyfile(origin, path)
             digest = file_sha256(path)
