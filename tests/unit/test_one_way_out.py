@@ -1,9 +1,11 @@
-"""One way out: tasks/proc.py starts every subprocess (../shared/ARCHITECTURE-REVIEW.md, "Verdict" 5).
+"""One way out: tasks/proc.py starts every subprocess, tasks/net.py makes every HTTP request
+(../shared/ARCHITECTURE-REVIEW.md, "Verdict" 5).
 
-Read with ``ast``: no module of tasks/ but proc.py imports ``subprocess`` or names it, except the files
-that run elsewhere with the standard library alone (tests/unit/test_standalone.py), which cannot import
-proc.py. Code inside a string (a probe script a module hands to another interpreter) is not the
-module's own and is not read.
+Read with ``ast``: no module of tasks/ but proc.py imports ``subprocess`` or names it, and no module but
+net.py calls ``requests.get/post/put/head/request/Session`` or ``urllib.request.urlopen`` (or imports
+them by name), except the files that run elsewhere with the standard library alone
+(tests/unit/test_standalone.py), which cannot import either. Code inside a string (a probe script a
+module hands to another interpreter) is not the module's own and is not read.
 """
 
 from __future__ import annotations
@@ -72,3 +74,84 @@ def test_the_check_can_fail() -> None:
     assert subprocess_uses(ast.parse("import os\nos.execvp('x', ['x'])\nos.path.join('a')\n")) == ["2: os.execvp"]
     assert _allowed(TASKS / "smoke" / "apex.py") and not _allowed(TASKS / "verify.py")
     assert subprocess_uses(ast.parse("PROBE = 'import subprocess; subprocess.run([1])'\n")) == []
+
+
+# --------------------------------------------------------------------------- HTTP
+
+#: The files that run elsewhere with the standard library only, which cannot import net.py.
+NET_ALLOWED = frozenset(
+    {"net.py", "gate.py", "verify_runner.py", "preflight.py", "bundle_unpack.py", "capture_base.py", "smoke/*.py"}
+)
+#: What sends a request outside a session of tasks/net.py.
+REQUESTS_CALLS = frozenset({"get", "post", "put", "head", "patch", "delete", "options", "request", "Session"})
+
+
+def _dotted(node: ast.expr) -> str:
+    """``a.b.c`` of an attribute chain over a name; "" for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+def http_uses(tree: ast.AST) -> list[str]:
+    """Where ``tree`` makes an HTTP request of its own (``line: what``), outside tasks/net.py's sessions."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            module, _, attr = name.rpartition(".")
+            if (module in ("requests", "requests.api", "requests.sessions") and attr in REQUESTS_CALLS) or (
+                name in ("urllib.request.urlopen", "request.urlopen")
+            ):
+                found.append(f"{node.lineno}: {name}(")
+        elif isinstance(node, ast.ImportFrom) and node.module in ("requests", "requests.api", "requests.sessions"):
+            found += [
+                f"{node.lineno}: from {node.module} import {a.name}" for a in node.names if a.name in REQUESTS_CALLS
+            ]
+        elif isinstance(node, ast.ImportFrom) and node.module == "urllib.request":
+            found += [f"{node.lineno}: from urllib.request import {a.name}" for a in node.names if a.name == "urlopen"]
+    return found
+
+
+def _net_allowed(path: Path) -> bool:
+    return any(path.relative_to(TASKS).match(pattern) for pattern in NET_ALLOWED)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in TASKS.rglob("*.py") if not _net_allowed(p)), ids=lambda p: p.relative_to(TASKS).as_posix()
+)
+def test_no_http_request_outside_net(path: Path) -> None:
+    uses = http_uses(ast.parse(path.read_text(), str(path)))
+    assert not uses, f"{path} makes HTTP requests itself; use tasks/net.py (session, download, timeout): {uses}"
+
+
+def test_the_net_allowed_files_exist() -> None:
+    for pattern in NET_ALLOWED:
+        assert list(TASKS.glob(pattern)), pattern
+
+
+def test_the_http_check_can_fail() -> None:
+    assert http_uses(
+        ast.parse("import requests\nrequests.get('u', timeout=1)\nwith requests.Session() as s:\n    pass\n")
+    ) == [
+        "2: requests.get(",
+        "3: requests.Session(",
+    ]
+    assert http_uses(ast.parse("import urllib.request\nurllib.request.urlopen('u')\n")) == [
+        "2: urllib.request.urlopen("
+    ]
+    assert http_uses(ast.parse("from urllib.request import urlopen, url2pathname\nfrom requests import head\n")) == [
+        "1: from urllib.request import urlopen",
+        "2: from requests import head",
+    ]
+    # Sessions of tasks/net.py, requests' exceptions and types, and a request in a string are fine.
+    fine = (
+        "from tasks import net\nimport requests\nnet.session(trust_env=True).get('u')\n"
+        "requests.RequestException\nX = 'requests.get(1)'\n"
+    )
+    assert http_uses(ast.parse(fine)) == []
+    assert (
+        _net_allowed(TASKS / "net.py") and not _net_allowed(TASKS / "pypi.py") and not _net_allowed(TASKS / "remote.py")
+    )
