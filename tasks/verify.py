@@ -39,7 +39,7 @@ import re
 import shutil
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
@@ -50,12 +50,12 @@ from tasks.manifest import ARCH_PATTERN, MODULE_PATTERN, Manifest, WheelSpec, lo
 from tasks.proc import Completed, run_logged
 from tasks.proc import signal_text as signal_text  # verify.signal_text, as it was
 from tasks.treehash import file_sha256
+from tasks.verify_report import Report, Row, Status, one_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().with_name("verify_runner.py")
 SMOKE_DIR = Path(__file__).resolve().parent / "smoke"
 
-Status = Literal["PASS", "FAIL", "SKIP"]
 GpuMode = Literal["auto", "off", "on"]
 GPU_MODES: tuple[str, ...] = get_args(GpuMode)
 
@@ -63,7 +63,6 @@ SMOKE_TIMEOUT_S = 600.0
 RUNNER_TIMEOUT_S = 600.0
 TOOL_TIMEOUT_S = 300.0
 MAX_RUNNER_RESTARTS = 8
-DETAIL_WIDTH = 96
 CUOBJDUMP_HINT = (
     "install it with `pip install nvidia-cuda-cuobjdump` (or put the CUDA toolkit's bin/ on PATH, or set CUDA_HOME)"
 )
@@ -87,97 +86,6 @@ _DROPPED_ENV = (
     "__PYVENV_LAUNCHER__",
     "REPRO_VERIFY_GPU",
 )
-
-
-# --------------------------------------------------------------------------
-# Report
-
-
-@dataclass(frozen=True, kw_only=True)
-class Row:
-    """One check of one package."""
-
-    package: str
-    check: str
-    status: Status
-    detail: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Report:
-    """All rows of one verification run."""
-
-    rows: tuple[Row, ...]
-    wheel_dir: str = ""
-    archs: tuple[str, ...] = ()
-
-    @property
-    def passed(self) -> int:
-        return sum(row.status == "PASS" for row in self.rows)
-
-    @property
-    def failed(self) -> int:
-        return sum(row.status == "FAIL" for row in self.rows)
-
-    @property
-    def skipped(self) -> int:
-        return sum(row.status == "SKIP" for row in self.rows)
-
-    @property
-    def ok(self) -> bool:
-        """True when no row failed (skips do not fail a run)."""
-        return self.failed == 0
-
-    def failures(self) -> tuple[Row, ...]:
-        return tuple(row for row in self.rows if row.status == "FAIL")
-
-    def summary(self) -> str:
-        return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
-
-    def render(self, detail_width: int = DETAIL_WIDTH) -> str:
-        """A fixed-width table, one line per row, and the summary line."""
-        header = ("package", "check", "status", "detail")
-        cells = [header] + [
-            (row.package, row.check, row.status, _one_line(row.detail, detail_width)) for row in self.rows
-        ]
-        widths = [max(len(cell[i]) for cell in cells) for i in range(3)]
-        lines = []
-        for i, cell in enumerate(cells):
-            line = "  ".join(cell[j].ljust(widths[j]) for j in range(3)) + "  " + cell[3]
-            lines.append(line.rstrip())
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths) + "  " + "-" * len("detail"))
-        lines.append("")
-        lines.append(self.summary())
-        return "\n".join(lines) + "\n"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": 1,
-            "ok": self.ok,
-            "summary": {"passed": self.passed, "failed": self.failed, "skipped": self.skipped},
-            "wheel_dir": self.wheel_dir,
-            "archs": list(self.archs),
-            "rows": [asdict(row) for row in self.rows],
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Report:
-        return cls(
-            rows=tuple(Row(**row) for row in data["rows"]),
-            wheel_dir=str(data.get("wheel_dir", "")),
-            archs=tuple(data.get("archs", ())),
-        )
-
-
-def _one_line(text: str, width: int) -> str:
-    flat = " | ".join(part.strip() for part in text.strip().splitlines() if part.strip())
-    if len(flat) <= width:
-        return flat
-    return flat[: max(width - 3, 0)] + "..."
 
 
 # --------------------------------------------------------------------------
@@ -498,7 +406,7 @@ def run_verify(wheel_dir: Path, work_dir: Path, **kwargs: Any) -> Report:
     if not report.ok:
         work = Path(work_dir).resolve()
         logs = Path(kwargs.get("log_dir") or work / "logs").resolve()
-        failed = "\n".join(f"  {row.package} {row.check}: {_one_line(row.detail, 160)}" for row in report.failures())
+        failed = "\n".join(f"  {row.package} {row.check}: {one_line(row.detail, 160)}" for row in report.failures())
         raise VerifyFailed(
             f"verify: {report.summary()}\n{failed}\n"
             f"Full report: {work / 'report.txt'} (and report.json); logs: {logs}/. " + advice(report.failures())

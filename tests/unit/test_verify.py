@@ -18,7 +18,8 @@ import pytest
 from tasks import elfcheck, verify
 from tasks.errors import ReproError, VerifyFailed
 from tasks.manifest import normalize_arch, parse_manifest
-from tasks.verify import DeviceCode, Report, Row
+from tasks.verify import DeviceCode
+from tasks.verify_report import Report, Row
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "tasks" / "smoke"
