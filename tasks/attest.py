@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from tasks import provenance, reproducible, toolchain
 from tasks.build import wheel_command
 from tasks.context import Context
-from tasks.index import WheelRecord
 from tasks.lockfile import Package
+from tasks.manifest import WheelRecord
 
 #: Stands for the build's output directory in the recorded command.
 OUT_PLACEHOLDER = "<wheel output directory>"

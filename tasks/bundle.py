@@ -42,6 +42,7 @@ from tasks import bundle_unpack
 from tasks.console import warn
 from tasks.errors import BundleError
 from tasks.fsutil import write_atomic
+from tasks.manifest import MANIFEST_FILE
 from tasks.treehash import file_sha256
 from tasks.wheelnorm import DEFAULT_EPOCH
 
@@ -105,7 +106,7 @@ def write_bundle(
     info: dict[str, Any],
 ) -> tuple[Path, str]:
     """Write the bundle to ``out`` atomically; return its path and sha256."""
-    if not (wheels / "manifest.json").is_file():
+    if not (wheels / MANIFEST_FILE).is_file():
         raise BundleError(f"{wheels} is not a complete wheelhouse (no manifest.json): run `doit wheels` first")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:

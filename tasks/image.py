@@ -41,6 +41,7 @@ from tasks.imageref import label_key, parse_reference, short_id
 from tasks.keys import canonical_json
 from tasks.layer import base_history, config_bytes, image_config, normalize_layer, write_docker_archive
 from tasks.lockfile import ImageSpec
+from tasks.manifest import MANIFEST_FILE, load_document
 from tasks.treehash import file_sha256, tree_sha256
 from tasks.wheelnorm import DEFAULT_EPOCH
 
@@ -231,12 +232,12 @@ def tool_docker_dir() -> Path | None:
 
 def load_wheelhouse(root: Path) -> Wheelhouse:
     try:
-        manifest = json.loads((root / "manifest.json").read_text())
+        manifest = load_document(root)
         requirements = (root / "requirements.txt").read_bytes()
     except FileNotFoundError as exc:
         raise ImageError(f"{exc.filename} does not exist: build the wheelhouse first (`doit wheels`)") from None
     except ValueError as exc:
-        raise ImageError(f"{root / 'manifest.json'} is not valid JSON ({exc}): rebuild it with `doit wheels`") from None
+        raise ImageError(f"{root / MANIFEST_FILE} is not valid JSON ({exc}): rebuild it with `doit wheels`") from None
     return Wheelhouse(root=root, manifest=manifest, requirements_sha256=hashlib.sha256(requirements).hexdigest())
 
 

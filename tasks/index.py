@@ -1,22 +1,19 @@
-"""Pure writers of the wheelhouse's metadata: manifest, PEP 503 index, hash-pinned requirements."""
+"""Pure writers of the wheelhouse's metadata: PEP 503 index, hash-pinned requirements (manifest: tasks/manifest.py)."""
 
 from __future__ import annotations
 
 import html
-import json
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from email.message import Message
 from email.parser import BytesHeaderParser
 from pathlib import Path
-from typing import Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-MANIFEST_FORMAT = 1
+from tasks.manifest import WheelRecord
 
 
 def wheel_project(filename: str) -> str:
@@ -82,68 +79,6 @@ def _same_version(a: str, b: str) -> bool:
         return Version(a) == Version(b)
     except InvalidVersion:
         return a == b
-
-
-@dataclass(frozen=True, kw_only=True)
-class WheelRecord:
-    package: str
-    filename: str
-    sha256: str
-    size: int
-    action_key: str
-    sources: tuple[Mapping[str, Any], ...]
-    cuda: bool = False
-    verify: Mapping[str, Any] | None = None
-    #: "built" (by us, from the lock's sources), "prebuilt" (a wheel source, as is) or "fetched" (the runtime closure)
-    origin: str = "built"
-    url: str = ""  # where a prebuilt or fetched wheel came from
-    deps: bool = True  # whether its Requires-Dist must be met by the wheelhouse and the provided set
-
-    @property
-    def name(self) -> str:
-        return str(parse_wheel_filename(self.filename)[0])
-
-    @property
-    def version(self) -> str:
-        return str(parse_wheel_filename(self.filename)[1])
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "package": self.package,
-            "name": self.name,
-            "version": self.version,
-            "filename": self.filename,
-            "sha256": self.sha256,
-            "size": self.size,
-            "action_key": self.action_key,
-            "sources": list(self.sources),
-            "cuda": self.cuda,
-            "verify": dict(self.verify or {}),
-            "origin": self.origin,
-            **({"url": self.url} if self.url else {}),
-            **({} if self.deps else {"deps": False}),
-        }
-
-
-def manifest(
-    records: Sequence[WheelRecord],
-    *,
-    lock: str,
-    lock_sha256: str,
-    profile: str,
-    archs: Sequence[str],
-    runtime: Mapping[str, Any] | None = None,
-) -> str:
-    doc = {
-        "format": MANIFEST_FORMAT,
-        "lock": lock,
-        "lock_sha256": lock_sha256,
-        "profile": profile,
-        "archs": list(archs),
-        **({"runtime": dict(runtime)} if runtime else {}),
-        "wheels": [r.to_json() for r in sorted(records, key=lambda r: r.package)],
-    }
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
 def requirements(records: Sequence[WheelRecord]) -> str:

@@ -26,6 +26,7 @@ from tasks.cache import Cache
 from tasks.errors import LockError, ReproError
 from tasks.fsutil import write_atomic
 from tasks.lockfile import Lock, Package, Runtime, load_lock
+from tasks.manifest import MANIFEST_FILE, load_document
 
 
 def set_key(table: Any, key: str, value: Any) -> None:
@@ -219,10 +220,9 @@ def _ours(
     notes = []
     built = {}
     provided = runtime.provided_versions
-    manifest = wheels / "manifest.json"
-    if manifest.is_file():
+    if (wheels / MANIFEST_FILE).is_file():
         try:
-            for w in json.loads(manifest.read_text()).get("wheels", []):
+            for w in load_document(wheels).get("wheels", []):
                 if w.get("origin", "built") != "fetched" and (wheels / w["filename"]).is_file():
                     built[w["package"]] = wheels / w["filename"]
         except (ValueError, KeyError, TypeError):

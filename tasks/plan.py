@@ -676,9 +676,9 @@ def _shard(ctx: Context) -> tuple[Package, ...]:
 def make_plan(ctx: Context) -> Plan:
     """What `doit wheels` would do with this lock, profile, cache and remote; nothing is written."""
     from tasks.errors import FetchError
-    from tasks.wheelhouse import read_manifest
+    from tasks.manifest import read_document
 
-    manifest = read_manifest(ctx.settings.wheels) or {}
+    manifest = read_document(ctx.settings.wheels) or {}
     current = manifest.get("lock_sha256") == ctx.lock.sha256 and manifest.get("profile") == ctx.settings.profile
     placed = {
         w.get("package"): w.get("action_key")

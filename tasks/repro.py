@@ -37,10 +37,11 @@ from tasks.context import Context
 from tasks.errors import ReproError, ReproMismatch
 from tasks.fsutil import rmtree, write_atomic
 from tasks.lockfile import Package
+from tasks.manifest import read_document
 from tasks.timeline import Progress
 from tasks.treehash import file_sha256
 from tasks.wheeldiff import compare_wheels
-from tasks.wheelhouse import is_current, read_manifest
+from tasks.wheelhouse import is_current
 
 #: How many packages ``doit repro`` rebuilds at once: as many as ``doit wheels`` builds, doit's
 #: ``num_process`` (tasks/dodo.py). Their compilers share the run's job budget either way.
@@ -250,7 +251,7 @@ def run_repro(ctx: Context, names: Sequence[str] = ()) -> Report:
         raise ReproError(
             f"{wheels}/ does not match the lock ({why}); run `doit wheels` first, doit repro compares with it"
         )
-    doc = read_manifest(wheels)
+    doc = read_document(wheels)
     assert doc is not None  # is_current read it
     filenames = {w["package"]: w["filename"] for w in doc["wheels"]}
     chosen = select(ctx.active, names)

@@ -44,9 +44,9 @@ from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
 from tasks import kinds
-from tasks.index import WheelRecord
 from tasks.kinds import BomEntry
 from tasks.lockfile import Package, Source
+from tasks.manifest import WheelRecord
 
 PROP = "reprostack"  # namespace of our properties (reprostack:tree_sha256, ...)
 

@@ -39,22 +39,23 @@ import re
 import shutil
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from tasks import elfcheck, proc, provenance
 from tasks.errors import ReproError, VerifyFailed
 from tasks.fsutil import write_atomic
+from tasks.manifest import ARCH_PATTERN, MODULE_PATTERN, Manifest, WheelSpec, load_manifest
 from tasks.proc import Completed, run_logged
 from tasks.proc import signal_text as signal_text  # verify.signal_text, as it was
 from tasks.treehash import file_sha256
+from tasks.verify_report import Report, Row, Status, one_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().with_name("verify_runner.py")
 SMOKE_DIR = Path(__file__).resolve().parent / "smoke"
 
-Status = Literal["PASS", "FAIL", "SKIP"]
 GpuMode = Literal["auto", "off", "on"]
 GPU_MODES: tuple[str, ...] = get_args(GpuMode)
 
@@ -62,7 +63,6 @@ SMOKE_TIMEOUT_S = 600.0
 RUNNER_TIMEOUT_S = 600.0
 TOOL_TIMEOUT_S = 300.0
 MAX_RUNNER_RESTARTS = 8
-DETAIL_WIDTH = 96
 CUOBJDUMP_HINT = (
     "install it with `pip install nvidia-cuda-cuobjdump` (or put the CUDA toolkit's bin/ on PATH, or set CUDA_HOME)"
 )
@@ -89,228 +89,6 @@ _DROPPED_ENV = (
 
 
 # --------------------------------------------------------------------------
-# Report
-
-
-@dataclass(frozen=True, kw_only=True)
-class Row:
-    """One check of one package."""
-
-    package: str
-    check: str
-    status: Status
-    detail: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Report:
-    """All rows of one verification run."""
-
-    rows: tuple[Row, ...]
-    wheel_dir: str = ""
-    archs: tuple[str, ...] = ()
-
-    @property
-    def passed(self) -> int:
-        return sum(row.status == "PASS" for row in self.rows)
-
-    @property
-    def failed(self) -> int:
-        return sum(row.status == "FAIL" for row in self.rows)
-
-    @property
-    def skipped(self) -> int:
-        return sum(row.status == "SKIP" for row in self.rows)
-
-    @property
-    def ok(self) -> bool:
-        """True when no row failed (skips do not fail a run)."""
-        return self.failed == 0
-
-    def failures(self) -> tuple[Row, ...]:
-        return tuple(row for row in self.rows if row.status == "FAIL")
-
-    def summary(self) -> str:
-        return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
-
-    def render(self, detail_width: int = DETAIL_WIDTH) -> str:
-        """A fixed-width table, one line per row, and the summary line."""
-        header = ("package", "check", "status", "detail")
-        cells = [header] + [
-            (row.package, row.check, row.status, _one_line(row.detail, detail_width)) for row in self.rows
-        ]
-        widths = [max(len(cell[i]) for cell in cells) for i in range(3)]
-        lines = []
-        for i, cell in enumerate(cells):
-            line = "  ".join(cell[j].ljust(widths[j]) for j in range(3)) + "  " + cell[3]
-            lines.append(line.rstrip())
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths) + "  " + "-" * len("detail"))
-        lines.append("")
-        lines.append(self.summary())
-        return "\n".join(lines) + "\n"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": 1,
-            "ok": self.ok,
-            "summary": {"passed": self.passed, "failed": self.failed, "skipped": self.skipped},
-            "wheel_dir": self.wheel_dir,
-            "archs": list(self.archs),
-            "rows": [asdict(row) for row in self.rows],
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Report:
-        return cls(
-            rows=tuple(Row(**row) for row in data["rows"]),
-            wheel_dir=str(data.get("wheel_dir", "")),
-            archs=tuple(data.get("archs", ())),
-        )
-
-
-def _one_line(text: str, width: int) -> str:
-    flat = " | ".join(part.strip() for part in text.strip().splitlines() if part.strip())
-    if len(flat) <= width:
-        return flat
-    return flat[: max(width - 3, 0)] + "..."
-
-
-# --------------------------------------------------------------------------
-# Manifest
-
-
-@dataclass(frozen=True, kw_only=True)
-class WheelSpec:
-    """One wheel of ``wheels/manifest.json`` and what to verify of it."""
-
-    package: str
-    name: str
-    version: str
-    filename: str
-    sha256: str
-    cuda: bool = False
-    imports: tuple[str, ...] | None = None
-    smoke: str | None = None
-    origin: str = "built"  # "built", "prebuilt" (a wheel source, as is) or "fetched" (the runtime closure)
-    deps: bool = True  # whether its requirements must be met (false: installed like pip --no-deps)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Manifest:
-    archs: tuple[str, ...]
-    wheels: tuple[WheelSpec, ...]
-    #: ``name==version`` the target provides ([runtime] provided): what an isolated verify may see besides the wheels
-    provided: tuple[str, ...] = ()
-    #: ``[runtime] verify``: checks of the environment as a whole, after the wheels' own.
-    environment: WheelSpec | None = None
-
-    @property
-    def ours(self) -> tuple[WheelSpec, ...]:
-        """The wheels built from the lock or placed from its wheel sources (not the runtime closure)."""
-        return tuple(w for w in self.wheels if w.origin != "fetched")
-
-    @property
-    def closure(self) -> tuple[WheelSpec, ...]:
-        return tuple(w for w in self.wheels if w.origin == "fetched")
-
-
-_ARCH = re.compile(r"^(?:sm_|compute_)?(?P<num>\d{2,3})(?P<suffix>[af]?)$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-def normalize_arch(arch: str) -> str:
-    """``sm_90a``, ``compute_90a`` and ``90a`` all become ``sm_90a``."""
-    match = _ARCH.match(arch.strip())
-    if match is None:
-        raise ValueError(f"not a CUDA architecture: {arch!r} (expected e.g. 'sm_90a')")
-    return f"sm_{match['num']}{match['suffix']}"
-
-
-def parse_manifest(data: Mapping[str, Any], where: str = "manifest") -> Manifest:
-    """Validate a manifest document; every problem is reported at once."""
-    problems: list[str] = []
-    archs: list[str] = []
-    for arch in data.get("archs", []) or []:
-        try:
-            archs.append(normalize_arch(str(arch)))
-        except ValueError as exc:
-            problems.append(f"archs: {exc}")
-    wheels: list[WheelSpec] = []
-    entries = data.get("wheels")
-    if not isinstance(entries, list):
-        problems.append("'wheels' must be a list")
-        entries = []
-    for i, entry in enumerate(entries):
-        label = f"wheels[{i}]"
-        if not isinstance(entry, dict):
-            problems.append(f"{label}: must be an object")
-            continue
-        label = f"wheels[{i}] ({entry.get('package') or entry.get('name') or '?'})"
-        missing = [k for k in ("package", "name", "version", "filename", "sha256") if not entry.get(k)]
-        if missing:
-            problems.append(f"{label}: missing {', '.join(missing)}")
-            continue
-        verify = entry.get("verify") or {}
-        imports = verify.get("imports")
-        if imports is not None:
-            bad = [m for m in imports if not isinstance(m, str) or not _MODULE.match(m)]
-            if bad or not isinstance(imports, list):
-                problems.append(f"{label}: verify.imports must be a list of module names, got {bad}")
-                imports = None
-        smoke = verify.get("smoke") or None  # "" (no smoke script) is what the wheelhouse writes for none
-        if smoke is not None and (not isinstance(smoke, str) or not _MODULE.match(smoke)):
-            problems.append(f"{label}: verify.smoke must be a script name, got {smoke!r}")
-            smoke = None
-        wheels.append(
-            WheelSpec(
-                package=str(entry["package"]),
-                name=str(entry["name"]),
-                version=str(entry["version"]),
-                filename=str(entry["filename"]),
-                sha256=str(entry["sha256"]),
-                cuda=bool(entry.get("cuda", False)),
-                imports=tuple(imports) if imports else None,
-                smoke=smoke,
-                origin=str(entry.get("origin", "built")),
-                deps=bool(entry.get("deps", True)),
-            )
-        )
-    runtime = data.get("runtime") or {}
-    provided = tuple(str(p) for p in runtime.get("provided", [])) if isinstance(runtime, dict) else ()
-    environment = None
-    checks = runtime.get("verify") if isinstance(runtime, dict) else None
-    if isinstance(checks, dict) and (checks.get("imports") or checks.get("smoke")):
-        imports, smoke = checks.get("imports") or [], checks.get("smoke") or None
-        if not isinstance(imports, list) or not all(isinstance(m, str) and _MODULE.match(m) for m in imports):
-            problems.append(f"runtime.verify.imports must be a list of module names, got {imports!r}")
-        elif smoke is not None and (not isinstance(smoke, str) or not _MODULE.match(smoke)):
-            problems.append(f"runtime.verify.smoke must be a script name, got {smoke!r}")
-        else:
-            environment = WheelSpec(package="environment", name="", version="", filename="", sha256="",
-                                    imports=tuple(imports) or None, smoke=smoke, origin="environment")  # fmt: skip
-    if problems:
-        raise ReproError(f"{where} is invalid:\n  " + "\n  ".join(problems) + "\nRebuild it with `doit wheels`.")
-    return Manifest(archs=tuple(archs), wheels=tuple(wheels), provided=provided, environment=environment)
-
-
-def load_manifest(wheel_dir: Path) -> Manifest:
-    path = wheel_dir / "manifest.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ReproError(f"{path} does not exist: build the wheelhouse first (`doit wheels`)") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ReproError(f"{path} cannot be read: {exc}; rebuild it with `doit wheels`") from exc
-    if not isinstance(data, dict):
-        raise ReproError(f"{path}: expected a JSON object; rebuild it with `doit wheels`")
-    return parse_manifest(data, where=str(path))
-
-
-# --------------------------------------------------------------------------
 # Pure helpers (unit-tested)
 
 
@@ -326,7 +104,7 @@ def module_name(relpath: str, ext_suffixes: Sequence[str]) -> str | None:
         if parts[-1].endswith(suffix):
             parts[-1] = parts[-1][: -len(suffix)]
             dotted = ".".join(parts)
-            return dotted if _MODULE.match(dotted) else None
+            return dotted if MODULE_PATTERN.match(dotted) else None
     return None
 
 
@@ -385,7 +163,7 @@ def arch_problems(code: DeviceCode, targets: Sequence[str]) -> list[str]:
 
 
 def _arch_key(arch: str) -> tuple[int, str]:
-    match = _ARCH.match(arch)
+    match = ARCH_PATTERN.match(arch)
     return (int(match["num"]), match["suffix"]) if match else (0, arch)
 
 
@@ -628,7 +406,7 @@ def run_verify(wheel_dir: Path, work_dir: Path, **kwargs: Any) -> Report:
     if not report.ok:
         work = Path(work_dir).resolve()
         logs = Path(kwargs.get("log_dir") or work / "logs").resolve()
-        failed = "\n".join(f"  {row.package} {row.check}: {_one_line(row.detail, 160)}" for row in report.failures())
+        failed = "\n".join(f"  {row.package} {row.check}: {one_line(row.detail, 160)}" for row in report.failures())
         raise VerifyFailed(
             f"verify: {report.summary()}\n{failed}\n"
             f"Full report: {work / 'report.txt'} (and report.json); logs: {logs}/. " + advice(report.failures())

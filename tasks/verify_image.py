@@ -27,7 +27,8 @@ from tasks.context import Context
 from tasks.errors import ImageError, VerifyFailed
 from tasks.fsutil import rmtree, write_atomic
 from tasks.image import KEY_LABEL, require_image
-from tasks.verify import Report, Row, find_cuobjdump
+from tasks.verify import find_cuobjdump
+from tasks.verify_report import Report, Row
 
 KIT_MOUNT = "/opt/reprostack-verify"
 #: What tasks.verify imports beyond the standard library (pure Python, copied into the kit).

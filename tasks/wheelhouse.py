@@ -21,13 +21,14 @@ from typing import Any
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from tasks import index, provenance
+from tasks import index, manifest, provenance
 from tasks.cache import WheelEntry
 from tasks.context import Context
 from tasks.errors import BuildError, LockError, VerificationError
 from tasks.fsutil import copy_atomic, rmtree, write_atomic
 from tasks.index import wheel_project
 from tasks.lockfile import Package
+from tasks.manifest import WheelRecord
 from tasks.treehash import file_sha256
 
 
@@ -54,17 +55,9 @@ def runtime_section(ctx: Context) -> dict[str, Any] | None:
     }
 
 
-def read_manifest(wheels: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads((wheels / "manifest.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def is_current(ctx: Context) -> tuple[bool, str]:
     """Whether ``wheels/`` already matches the lock, by keys and file sizes (no hashing)."""
-    doc = read_manifest(ctx.settings.wheels)
+    doc = manifest.read_document(ctx.settings.wheels)
     if doc is None:
         return False, "no manifest"
     if doc.get("lock_sha256") != ctx.lock.sha256 or doc.get("profile") != ctx.settings.profile:
@@ -92,7 +85,7 @@ PREFLIGHT_SPEC = "preflight.json"
 PREFLIGHT_SOURCE = Path(__file__).resolve().with_name("preflight.py")
 
 
-def preflight_spec(ctx: Context, records: list[index.WheelRecord]) -> dict[str, Any]:
+def preflight_spec(ctx: Context, records: list[WheelRecord]) -> dict[str, Any]:
     """What the wheels need of a node (read by tasks/preflight.py there): the build's CUDA, torch and glibc,
     the target archs, each wheel (with whether it carries device code), the provided set."""
     import os
@@ -134,7 +127,7 @@ def preflight_spec(ctx: Context, records: list[index.WheelRecord]) -> dict[str, 
     }
 
 
-def assemble(ctx: Context) -> list[index.WheelRecord]:
+def assemble(ctx: Context) -> list[WheelRecord]:
     from filelock import FileLock
 
     from tasks import attest, timeline
@@ -151,12 +144,12 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         fetched = fetch_closure(ctx, entries)  # checks the built wheels' requirements first
         # From here wheels/ changes: without its manifest it reads as incomplete until the manifest is
         # written last, whatever stops this part (a full disk, a signal).
-        (out / "manifest.json").unlink(missing_ok=True)
+        (out / manifest.MANIFEST_FILE).unlink(missing_ok=True)
         for pkg in ctx.active:
             entry = entries[pkg.name]
             _place(entry.path, entry.size, entry.sha256, out)
             records.append(
-                index.WheelRecord(
+                WheelRecord(
                     package=pkg.name,
                     filename=entry.path.name,
                     sha256=entry.sha256,
@@ -178,7 +171,7 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
             size = path.stat().st_size
             _place(path, size, sha, out)
             records.append(
-                index.WheelRecord(
+                WheelRecord(
                     package=name, filename=path.name, sha256=sha, size=size, action_key="", sources=(),
                     origin="fetched", url=origin,
                 )
@@ -198,8 +191,8 @@ def assemble(ctx: Context) -> list[index.WheelRecord]:
         write_atomic(out / PREFLIGHT_SPEC, json.dumps(preflight_spec(ctx, records), indent=2, sort_keys=True) + "\n")
         # The manifest goes last: its presence means the wheelhouse is complete.
         write_atomic(
-            out / "manifest.json",
-            index.manifest(
+            out / manifest.MANIFEST_FILE,
+            manifest.render(
                 records,
                 lock=str(ctx.lock.path),
                 lock_sha256=ctx.lock.sha256,

@@ -33,7 +33,7 @@ from conftest import HAVE_HEADERS, require
 
 from tasks import provenance, verify
 from tasks.errors import VerifyFailed
-from tasks.verify import Report, Row
+from tasks.verify_report import Report, Row
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
 from tasks import provenance, sbom, verify
-from tasks.index import WheelRecord
 from tasks.lockfile import Package, Source, Submodule, load_lock
+from tasks.manifest import WheelRecord, parse_manifest
 from tasks.treehash import file_sha256
 from tasks.wheelnorm import normalize_wheel
 
@@ -217,7 +217,7 @@ def test_tampered_wheel_fails_the_provenance_check(tmp_path: Path) -> None:
     path.parent.mkdir()
     path.write_text(provenance.render(statement_for(whl.name, file_sha256(whl))))
     assert provenance.check_statements(house, [whl.name]) == []
-    manifest = verify.parse_manifest(
+    manifest = parse_manifest(
         {
             "format": 1,
             "archs": ["sm_90a"],

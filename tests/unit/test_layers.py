@@ -21,11 +21,9 @@ TASKS = Path(__file__).resolve().parents[2] / "tasks"
 DEFERRED_UP = {
     # `reprostack` loads the task graph only for a command that runs tasks (tasks/cli.py, fast start).
     ("tasks.cli", "tasks.dodo"),
-    # `doit plan` forecasts a build: it reads the context's memory, the remote's shards and the
-    # wheelhouse's manifest, all above it.
+    # `doit plan` forecasts a build: it reads the context's memory and the remote's shards, both above it.
     ("tasks.plan", "tasks.context"),
     ("tasks.plan", "tasks.remote"),
-    ("tasks.plan", "tasks.wheelhouse"),
 }
 
 Graph = dict[str, set[str]]

@@ -17,7 +17,9 @@ import pytest
 
 from tasks import elfcheck, verify
 from tasks.errors import ReproError, VerifyFailed
-from tasks.verify import DeviceCode, Report, Row
+from tasks.manifest import normalize_arch, parse_manifest
+from tasks.verify import DeviceCode
+from tasks.verify_report import Report, Row
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "tasks" / "smoke"
@@ -105,7 +107,7 @@ def _manifest(**wheel: object) -> dict[str, object]:
 
 
 def test_parse_manifest() -> None:
-    manifest = verify.parse_manifest(_manifest())
+    manifest = parse_manifest(_manifest())
     assert manifest.archs == ("sm_90a",)
     (spec,) = manifest.wheels
     assert spec.imports == ("repro_cuda", "repro_cuda._vadd")
@@ -113,7 +115,7 @@ def test_parse_manifest() -> None:
 
 
 def test_parse_manifest_empty_imports_mean_default() -> None:
-    (spec,) = verify.parse_manifest(_manifest(verify={"imports": [], "smoke": None})).wheels
+    (spec,) = parse_manifest(_manifest(verify={"imports": [], "smoke": None})).wheels
     assert spec.imports is None and spec.smoke is None
 
 
@@ -121,7 +123,7 @@ def test_parse_manifest_reports_every_problem() -> None:
     doc = _manifest(version="", verify={"imports": ["ok", "not a module"], "smoke": "../evil"})
     doc["archs"] = ["sm_90a", "banana"]
     with pytest.raises(ReproError) as info:
-        verify.parse_manifest(doc)
+        parse_manifest(doc)
     message = str(info.value)
     assert "banana" in message and "missing version" in message
 
@@ -130,12 +132,12 @@ def test_parse_manifest_reports_every_problem() -> None:
     ("given", "want"), [("sm_90a", "sm_90a"), ("compute_90a", "sm_90a"), ("90", "sm_90"), ("sm_100f", "sm_100f")]
 )
 def test_normalize_arch(given: str, want: str) -> None:
-    assert verify.normalize_arch(given) == want
+    assert normalize_arch(given) == want
 
 
 def test_normalize_arch_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="not a CUDA architecture"):
-        verify.normalize_arch("hopper")
+        normalize_arch("hopper")
 
 
 # --------------------------------------------------------------------------- cuobjdump

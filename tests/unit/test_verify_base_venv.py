@@ -17,6 +17,7 @@ import venv
 from pathlib import Path
 
 from tasks import verify
+from tasks.manifest import Manifest, WheelSpec
 
 
 def _site(python: Path) -> Path:
@@ -79,11 +80,11 @@ def test_pip_check_leaves_the_tools_own_pins_aside(tmp_path: Path) -> None:
     assert {"reprostack", "tomlkit", "packaging"} <= session.tool_own, session.tool_own
     pinned = next(r for r in importlib.metadata.requires("reprostack") or [] if r.startswith("tomlkit"))
     _dist(_site(session.venv_python), "tomlkit", "0.0.1")  # what the wheelhouse installed, against the pin
-    spec = verify.WheelSpec(package="tk", name="tomlkit", version="0.0.1", filename="x.whl", sha256="0")
-    row = verify._pip_check_row(session, verify.Manifest(archs=(), wheels=(spec,)))
+    spec = WheelSpec(package="tk", name="tomlkit", version="0.0.1", filename="x.whl", sha256="0")
+    row = verify._pip_check_row(session, Manifest(archs=(), wheels=(spec,)))
     assert row.status == "PASS", (pinned, row)
     assert "requirements of this tool's own venv left aside: reprostack" in row.detail, row
 
     session.tool_own = set()  # as when python= names a base that is not this tool's venv
-    row = verify._pip_check_row(session, verify.Manifest(archs=(), wheels=(spec,)))
+    row = verify._pip_check_row(session, Manifest(archs=(), wheels=(spec,)))
     assert row.status == "FAIL" and "reprostack" in row.detail and "tomlkit 0.0.1" in row.detail, row

@@ -9,9 +9,11 @@ import io
 import zipfile
 from pathlib import Path
 
-from tasks.index import WheelRecord, manifest, requirements, simple_index, wheel_problem
+from tasks.index import requirements, simple_index, wheel_problem
 from tasks.keys import action_key, key_document
 from tasks.lockfile import Package, Source
+from tasks.manifest import WheelRecord
+from tasks.manifest import render as manifest
 from tasks.stage import failing_hunk
 from tasks.wheelnorm import normalize_wheel
 
