@@ -309,7 +309,7 @@ class Context:
 
     def jobserver(self) -> JobServer:
         """The run's one job budget, sized on first use for the packages this run must build."""
-        from tasks.jobserver import MIN_NINJA, JobServer, find_ninja, plan_budget
+        from tasks.jobserver import MIN_NINJA, JobServer, available_memory_gb, find_ninja, plan_budget
 
         with self._lock:
             if self._jobserver is None:
@@ -345,7 +345,7 @@ class Context:
     def _rebuilt(self) -> list[Package]:
         """The packages ``doit repro`` rebuilds in this run (its pkgs=, else all), where the command line asks
         for it: they build beside each other on the run's budget, as ``doit wheels``'s builds do."""
-        from tasks.cli import requested_tasks
+        from tasks.startup import requested_tasks
 
         if "repro" not in requested_tasks(sys.argv[1:]):
             return []
@@ -398,6 +398,8 @@ class Context:
         With a jobserver this is only an upper bound: the shared tokens decide.
         Without one, it is the budget lowered to what memory allows this package.
         """
+        from tasks.jobserver import available_memory_gb
+
         server = self.jobserver()
         if server.clients:
             return server.slots
@@ -422,13 +424,6 @@ def interpreter_path(path: str) -> str:
     if entries[:1] == [here]:
         return path
     return os.pathsep.join([here, *entries])
-
-
-def available_memory_gb() -> float | None:
-    from tasks.jobserver import available_memory_mb
-
-    mb = available_memory_mb()
-    return mb / 1024 if mb is not None else None
 
 
 #: doit's options that take their value as the next argument.

@@ -10,7 +10,6 @@ relative to the directory the command runs in: the lock, its patches, ``reprosta
 import sys
 
 from tasks import console
-from tasks.cli import LOCK_FREE, fast_start, requested_tasks
 from tasks.graph import (  # noqa: F401  (doit collects task_* names from this module)
     Reporter,
     claim_workspace,
@@ -30,6 +29,7 @@ from tasks.graph import (  # noqa: F401  (doit collects task_* names from this m
     task_verify_image,
     task_wheels,
 )
+from tasks.startup import LOCK_FREE, fast_start, requested_tasks
 
 if requested_tasks(sys.argv[1:]) and requested_tasks(sys.argv[1:]) <= LOCK_FREE:
     for _name in [n for n in globals() if n.startswith("task_") and n.removeprefix("task_") not in LOCK_FREE]:

@@ -655,10 +655,10 @@ def task_wheels() -> TaskDict:
     """Assemble wheels/: the lock's wheels, manifest.json, simple/ index, requirements.txt (shard=i/N: a share)."""
     ctx = context()
     if ctx.settings.shard is not None:
-        from tasks.ninjaorder import HINTS_FILE, load_times
-        from tasks.remote import shard_packages
+        from tasks.admission import shard_packages
+        from tasks.ninjaorder import package_weights
 
-        weights = {p.name: sum(load_times(ctx.lock.patches_dir / p.name / HINTS_FILE).values()) for p in ctx.packages}
+        weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages])
         names = shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights)
         return {
             "actions": [(_do_shard, [names])],
@@ -747,7 +747,7 @@ def task_unbundle() -> TaskDict:
 
 def only_plan(argv: list[str]) -> bool:
     """Whether doit's command line runs the ``plan`` task and nothing else (it takes no workspace lock)."""
-    from tasks.cli import requested_tasks
+    from tasks.startup import requested_tasks
 
     return requested_tasks(argv) == {"plan"}
 

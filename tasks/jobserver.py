@@ -476,6 +476,12 @@ def available_memory_mb() -> float | None:
     return None
 
 
+def available_memory_gb() -> float | None:
+    """:func:`available_memory_mb` in GB."""
+    mb = available_memory_mb()
+    return mb / 1024 if mb is not None else None
+
+
 def _sock(obj: object) -> socket.socket:
     assert isinstance(obj, socket.socket)
     return obj

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -134,6 +134,11 @@ def load_times(path: Path) -> dict[str, float]:
 
 
 HINTS_FILE = "unit-times.json"
+
+
+def package_weights(patches_dir: Path, packages: Iterable[str]) -> dict[str, float]:
+    """Each package's compile seconds from the lock's ``patches/<pkg>/unit-times.json`` (what shards weigh)."""
+    return {name: sum(load_times(patches_dir / name / HINTS_FILE).values()) for name in packages}
 
 
 def known_times(cache_root: Path, hints: Path | None, package: str) -> dict[str, float]:

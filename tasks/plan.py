@@ -595,8 +595,7 @@ class Plan:
 def run_budget(ctx: Context, building: Sequence[Package]) -> tuple[int, float | None]:
     """The run's job slots and memory budget (MB; None: tokens only), as :meth:`Context.jobserver` sizes them
     (without starting ninja to ask its version: memory=unit counts as per unit)."""
-    from tasks.context import available_memory_gb
-    from tasks.jobserver import plan_budget
+    from tasks.jobserver import available_memory_gb, plan_budget
 
     mem = ctx.settings.mem_gb
     if mem is None:
@@ -665,10 +664,10 @@ def _shard(ctx: Context) -> tuple[Package, ...]:
     """The profile's packages this run would build: with ``shard=i/N``, that shard's (as `doit wheels` splits)."""
     if ctx.settings.shard is None:
         return ctx.packages
-    from tasks.ninjaorder import HINTS_FILE, load_times
-    from tasks.remote import shard_packages
+    from tasks.admission import shard_packages
+    from tasks.ninjaorder import package_weights
 
-    weights = {p.name: sum(load_times(ctx.lock.patches_dir / p.name / HINTS_FILE).values()) for p in ctx.packages}
+    weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages])
     names = set(shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights))
     return tuple(p for p in ctx.packages if p.name in names)
 

@@ -36,7 +36,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -556,25 +556,3 @@ def read_history(raw: bytes | None, package: str) -> list[dict[str, Any]]:
         if action_key(e["key_document"]) == e.get("key") and isinstance(e.get("time"), int | float):
             out.append(e)
     return out
-
-
-def shard_packages(
-    names: Sequence[str], shard: tuple[int, int], weights: Mapping[str, float] | None = None
-) -> list[str]:
-    """The packages of shard ``i`` of ``n``, from the lock alone, so every shard of a job agrees.
-
-    Longest processing time first: packages by weight (their build's compile
-    seconds, from the lock's ``unit-times.json`` files), heaviest first, each
-    to the shard with the least weight so far, then the fewest packages, then
-    the lowest number. Without weights this is round robin over the sorted names.
-    """
-    i, n = shard
-    weights = weights or {}
-    load = [(0.0, 0) for _ in range(n)]
-    mine: list[str] = []
-    for name in sorted(names, key=lambda x: (-weights.get(x, 0.0), x)):
-        k = min(range(n), key=lambda j: (load[j][0], load[j][1], j))
-        load[k] = (load[k][0] + weights.get(name, 0.0), load[k][1] + 1)
-        if k == i - 1:
-            mine.append(name)
-    return sorted(mine)

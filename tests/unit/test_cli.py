@@ -16,7 +16,7 @@ import doit.plugin
 import pytest
 from conftest import require
 
-from tasks import cli
+from tasks import cli, startup
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,11 +99,11 @@ def test_reprostack_works_in_the_directory_it_runs_in(tmp_path: Path) -> None:
 
 def test_the_tasks_a_command_line_asks_for() -> None:
     """Only `unbundle` asked for: no task creator that reads the lock is loaded (tasks/dodo.py)."""
-    assert cli.requested_tasks(["-n", "2", "unbundle", "bundle=x.tar", "dest=y"]) == {"unbundle"}
-    assert cli.requested_tasks(["run", "-f", "dodo.py", "-d", "ws", "unbundle"]) == {"unbundle"}
-    assert cli.requested_tasks(["wheels", "profile=quick"]) == {"wheels"}
-    assert cli.requested_tasks(["profile=quick"]) == set()  # the default task, which reads the lock
-    assert cli.LOCK_FREE == {"unbundle"}
+    assert startup.requested_tasks(["-n", "2", "unbundle", "bundle=x.tar", "dest=y"]) == {"unbundle"}
+    assert startup.requested_tasks(["run", "-f", "dodo.py", "-d", "ws", "unbundle"]) == {"unbundle"}
+    assert startup.requested_tasks(["wheels", "profile=quick"]) == {"wheels"}
+    assert startup.requested_tasks(["profile=quick"]) == set()  # the default task, which reads the lock
+    assert startup.LOCK_FREE == {"unbundle"}
 
 
 def test_workspace_settings_nested_too_deeply_are_one_error(tmp_path: Path) -> None:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tasks.admission import shard_packages
 from tasks.cache import Cache
 from tasks.errors import ReproError
 from tasks.keys import action_key
 from tasks.objcache import shared_remote
-from tasks.remote import Remote, S3Location, check_record, parse_s3_url, shard_packages
+from tasks.remote import Remote, S3Location, check_record, parse_s3_url
 from tasks.settings import load_settings, parse_shard
 
 REPO = Path(__file__).resolve().parents[2]
