@@ -113,6 +113,8 @@ class Compiled:
     waits: tuple[tuple[float, float], ...] = ()
     #: compiler -> how many of its runs escaped the gate and the object cache (tasks/compilers.py)
     escaped: tuple[tuple[str, int], ...] = ()
+    #: (unit, node, start, seconds) of the units that compiled on a cluster node (tasks/cluster.py)
+    nodes: tuple[tuple[str, str, float, float], ...] = ()
 
 
 def compile_wheel(
@@ -196,6 +198,13 @@ def compile_wheel(
         objects=objcache.stats(stats_log),
         waits=tuple(read_waits(session.wait_log)) + tuple(session.starved),
         escaped=tuple(sorted(escaped.items())),
+        nodes=tuple(
+            sorted(
+                (u, str(found["node"]), float(str(found.get("since", 0))), float(str(found.get("seconds", 0))))
+                for u, found in session.units.items()
+                if "node" in found
+            )
+        ),
     )
 
 
@@ -302,6 +311,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 object_misses=misses,
                 wait_s=interval_union(built.waits, wall_start, wall_start + seconds),
                 escaped=dict(built.escaped),
+                nodes=list(built.nodes),
             )
         )
         # For the next forecast (tasks/plan.py): the part of the wall time its compiles ran or waited.

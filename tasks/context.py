@@ -26,6 +26,7 @@ from tasks.treehash import file_sha256
 
 if TYPE_CHECKING:  # imported where used: a no-op run needs none of them (docs/building.md, "No-op")
     from tasks.builder import Builder
+    from tasks.cluster import Cluster
     from tasks.hermetic import Hermetic
     from tasks.jobserver import JobServer
     from tasks.objcache import ObjectCache
@@ -309,7 +310,7 @@ class Context:
 
     def jobserver(self) -> JobServer:
         """The run's one job budget, sized on first use for the packages this run must build."""
-        from tasks.jobserver import MIN_NINJA, JobServer, available_memory_gb, find_ninja, plan_budget
+        from tasks.jobserver import MIN_NINJA, Budget, JobServer, available_memory_gb, find_ninja, plan_budget
 
         with self._lock:
             if self._jobserver is None:
@@ -330,6 +331,12 @@ class Context:
                     mem_source=source,
                     per_unit=per_unit,
                 )
+                cluster = self._cluster((ninja[1] or (0,)) >= MIN_NINJA) if building or self._rebuilt() else None
+                if cluster is not None:  # a token per CPU of its nodes; each node admits by its own memory
+                    slots = self.settings.jobs or cluster.slots
+                    budget = Budget(slots, f"{cluster.slots} CPUs of the cluster's nodes" if slots == cluster.slots
+                                    else f"jobs={slots}")  # fmt: skip
+                    per_unit = False
                 self._jobserver = JobServer(
                     budget.slots,
                     self.settings.builddir.absolute() / "jobserver",
@@ -337,10 +344,31 @@ class Context:
                     ninja=ninja,
                     mem_budget_gb=mem if per_unit else None,
                     unit_log=(self.settings.logs / "units.log").absolute(),
+                    cluster=cluster,
                 )
                 print(f"job budget: {budget.slots} ({budget.reason}); {self._jobserver.describe()}", flush=True)
                 self._make_forecast(building, (budget.slots, mem * 1024 if per_unit and mem is not None else None))
             return self._jobserver
+
+    def _cluster(self, gated: bool) -> Cluster | None:
+        """The Ray cluster that runs this run's compiles (``cluster=``, else ``RAY_ADDRESS``), with the nodes
+        whose toolchain is this build's; None, said in one line where one was asked for, to build here."""
+        address = self.settings.cluster
+        if not address:
+            return None
+        from tasks import cluster
+        from tasks.console import warn
+
+        if self.builder is not None:
+            warn(f"cluster={address}: builds in a builder image compile where they run; building here")
+            return None
+        if not gated:
+            warn(f"cluster={address}: compiles reach the cluster through the gate, which needs ninja >= 1.13 on "
+                 "PATH; building here")  # fmt: skip
+            return None
+        print(f"cluster: joining {address} and probing its nodes' toolchains", flush=True)
+        here = toolchain.fingerprint(self.toolchain, cuda=True)
+        return cluster.connect(address, self.host_env(), here, timeout=self.settings.remote_timeout)
 
     def _rebuilt(self) -> list[Package]:
         """The packages ``doit repro`` rebuilds in this run (its pkgs=, else all), where the command line asks

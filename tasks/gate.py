@@ -21,6 +21,13 @@ compilers first on ``PATH``). For one compile it:
    process ended and its seconds, which the build records next to the unit
    times (``timings/<package>.memory.json`` in the cache).
 
+On a build with a Ray cluster (``cluster=``, tasks/cluster.py) the broker may
+answer ``@`` instead of ``+``: the compile then runs on a node of the cluster.
+The gate sends its command line, working directory and environment to the
+broker, which runs them there (:func:`run_captured`, in a Ray task), and
+gets back the exit status, the memory figures and what the compiler wrote,
+which it writes to its own output as the compiler would have.
+
 The token and the room go back when the connection closes, however the gate
 ends: the compiler inherits the connection and dies with a killed gate.
 
@@ -60,6 +67,10 @@ REPORT_STEP_MB = 64
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
 
 
+#: The file name endings of the sources a compiler compiles (a command line without one links, or asks).
+SOURCES = (".cu", ".cpp", ".cc", ".cxx", ".c", ".C")
+
+
 def unit_name(args: list[str]) -> str:
     """The unit a compiler command line builds: its ``-o`` output's file name (as ninja's log names it).
 
@@ -76,13 +87,21 @@ def unit_name(args: list[str]) -> str:
             output = arg[2:]
         elif arg.startswith(("--output-file=", "-o=")):
             output = arg.split("=", 1)[1]
-        elif not arg.startswith("-") and os.path.splitext(arg)[1] in (".cu", ".cpp", ".cc", ".cxx", ".c", ".C"):
+        elif not arg.startswith("-") and os.path.splitext(arg)[1] in SOURCES:
             source = arg
     if not output and not source:  # a question to the compiler (--version, -dumpmachine): no unit
         return ""
     if any(a in ("-E", "-M", "-MM") for a in args[1:]):
         return os.path.basename(source or output) + ".E"
     return os.path.basename(output or source)
+
+
+def compiles(args: list[str]) -> bool:
+    """Whether ``args`` compiles sources (a cluster node may run it: to objects, or to a library in one go as
+    nvcc can), rather than linking objects or preprocessing, which stay where the build runs."""
+    if any(a in ("-E", "-M", "-MM") for a in args[1:]):
+        return False
+    return any(not a.startswith("-") and os.path.splitext(a)[1] in SOURCES for a in args[1:])
 
 
 def oom_kills() -> int:
@@ -152,21 +171,38 @@ class Unit:
             self.after_mb = max(self.after_mb, total)
 
 
-def _connect(sock_path: str, hello: str) -> tuple[socket.socket, str]:
-    """Wait for the broker to admit this compile; the connection and the broker's answer (its expectation)."""
+def _connect(sock_path: str, hello: str) -> tuple[socket.socket, str, bool]:
+    """Wait for the broker to admit this compile; the connection, the broker's answer (its expectation) and
+    whether the compile runs on the cluster (``@``) rather than here (``+``)."""
     conn = socket.socket(socket.AF_UNIX)
     conn.connect(sock_path)
     conn.sendall(hello.encode() + b"\n")
+    answer = _line(conn)
+    if not answer.startswith((b"+", b"@")):
+        sys.exit("reprostack gate: the run's job broker refused the compile: " + answer.decode(errors="replace"))
+    os.set_inheritable(conn.fileno(), True)
+    return conn, answer[1:].decode(errors="replace").strip(), answer.startswith(b"@")
+
+
+def _line(conn: socket.socket) -> bytes:
+    """One line from the broker (read a byte at a time: what follows it is not the gate's to read yet)."""
     answer = b""
     while not answer.endswith(b"\n"):
-        chunk = conn.recv(256)
+        chunk = conn.recv(1)
         if not chunk:
             sys.exit("reprostack gate: the run's job broker is gone")
         answer += chunk
-    if not answer.startswith(b"+"):
-        sys.exit("reprostack gate: the run's job broker refused the compile: " + answer.decode(errors="replace"))
-    os.set_inheritable(conn.fileno(), True)
-    return conn, answer[1:].decode(errors="replace").strip()
+    return answer
+
+
+def _exactly(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(min(1 << 20, size - len(data)))
+        if not chunk:
+            sys.exit("reprostack gate: the run's job broker is gone")
+        data += chunk
+    return data
 
 
 def _tell(conn: socket.socket, line: str) -> None:
@@ -231,6 +267,98 @@ def run_once(conn: socket.socket, args: list[str], expect_peak_in: str) -> tuple
     return (128 - code if code < 0 else code), unit, killed, seconds
 
 
+def run_remote(conn: socket.socket, args: list[str], expect_peak_in: str) -> tuple[int, Unit, bool, float]:
+    """Run the compiler on the cluster node the broker chose (:func:`run_once`'s answer, from there).
+
+    The broker answers ``r {json}`` and then the compiler's standard output and error, as many bytes as
+    the JSON says; ``{"local": true}`` (no node of the cluster could take it any more) runs it here.
+    """
+    import json  # (here: a local compile's gate imports no more than it needs, once per compile)
+
+    job = {"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "expect": expect_peak_in}
+    conn.sendall(b"x " + json.dumps(job).encode() + b"\n")
+    header = _line(conn)
+    result = json.loads(header[2:])
+    if result.get("local"):
+        return run_once(conn, args, expect_peak_in)
+    for fd, key in ((1, "out"), (2, "err")):
+        data = _exactly(conn, int(result.get(key, 0)))
+        while data:
+            data = data[os.write(fd, data) :]
+    unit = Unit()
+    unit.peak_mb = float(result.get("peak_mb", 0.0))
+    unit.peak_in = str(result.get("peak_in", ""))
+    unit.after_mb = float(result.get("after_mb", 0.0))
+    return int(result["code"]), unit, bool(result.get("killed")), float(result.get("seconds", 0.0))
+
+
+#: Run by :func:`run_captured` in front of the compiler: it dies with the process that started it (a Ray
+#: worker that is lost takes its compile with it; a copy run elsewhere then writes the unit's files alone).
+_TRAMPOLINE = (
+    "import ctypes, os, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, 9)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() == int(sys.argv[1]):\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "os._exit(137)\n"
+)
+
+
+def run_captured(job: dict[str, object]) -> dict[str, object]:
+    """Run one compile of :func:`run_remote`'s ``job`` (``argv``, ``cwd``, ``env``, ``expect``) here, on a
+    cluster node: its exit status, memory figures, seconds and what it wrote (tasks/cluster.py sends them
+    back). Safe in a threaded process (a Ray worker): the compiler starts through ``subprocess``."""
+    import subprocess
+    import tempfile
+
+    argv = [str(a) for a in job["argv"]]  # type: ignore[attr-defined]
+    env = {str(k): str(v) for k, v in job["env"].items()}  # type: ignore[attr-defined]
+    expect_peak_in = str(job.get("expect") or "")
+    before = oom_kills()
+    start = time.monotonic()
+    unit = Unit()
+    seen = past = False
+    interval = FIRST_INTERVAL
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-IS", "-c", _TRAMPOLINE, str(os.getpid()), *argv],
+                cwd=str(job["cwd"]), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            )  # fmt: skip
+        except OSError as exc:
+            message = f"reprostack gate: cannot run {argv[0]} in {job['cwd']}: {exc}\n".encode()
+            return {"code": 127, "seconds": 0.0, "out_bytes": b"", "err_bytes": message}
+        while True:
+            try:
+                child.wait(timeout=interval)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            total, by_name = sample(child.pid)
+            unit.add(total, by_name)
+            if expect_peak_in and not past:
+                seen = seen or expect_peak_in in by_name
+                past = seen and expect_peak_in not in by_name
+            interval = min(MAX_INTERVAL, interval * 2)
+        code = child.returncode
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    killed = code == -signal.SIGKILL or (code != 0 and oom_kills() > before)
+    return {
+        "code": 128 - code if code < 0 else code,
+        "peak_mb": unit.peak_mb,
+        "peak_in": unit.peak_in,
+        "after_mb": unit.after_mb,
+        "killed": killed,
+        "seconds": time.monotonic() - start,
+        "out_bytes": stdout,
+        "err_bytes": stderr,
+    }
+
+
 def main(sock_path: str, args: list[str]) -> int:
     if not args:
         print("usage: gate COMMAND [ARGS...]", file=sys.stderr)
@@ -244,9 +372,10 @@ def main(sock_path: str, args: list[str]) -> int:
         os.execvp(args[0], args)
     prio = os.environ.get(ENV_PRIORITY, "0") or "0"
     package = os.environ.get(ENV_PACKAGE, "") or "-"
-    conn, expect = _connect(sock_path, f"{prio} {package} {unit}")
+    here = "" if compiles(args) else " here"  # a link or a preprocessor run stays on this host
+    conn, expect, remote = _connect(sock_path, f"{prio} {package} {unit}{here}")
     os.environ[ENV_HELD] = "1"
-    code, mem, killed, seconds = run_once(conn, args, expect)
+    code, mem, killed, seconds = (run_remote if remote else run_once)(conn, args, expect)
     if killed:
         need = max(2 * mem.peak_mb, 1024.0)
         print(
@@ -257,9 +386,9 @@ def main(sock_path: str, args: list[str]) -> int:
         )
         _tell(conn, f"k {mem.peak_mb:.0f}")
         conn.close()
-        conn, expect = _connect(sock_path, f"{prio} {package} {unit} {need:.0f}")
+        conn, expect, remote = _connect(sock_path, f"{prio} {package} {unit} {need:.0f}{here}")
         first = mem
-        code, mem, killed, more = run_once(conn, args, expect)
+        code, mem, killed, more = (run_remote if remote else run_once)(conn, args, expect)
         mem.peak_mb = max(mem.peak_mb, first.peak_mb)
         seconds += more
     _tell(conn, f"d {mem.peak_mb:.0f} {mem.peak_in or '-'} {mem.after_mb:.0f} {seconds:.1f} {code}")

@@ -54,11 +54,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tasks import admission, compilers, ninjaorder, proc
 from tasks import gate as gate_module
 from tasks.admission import Expect, Plan
 from tasks.fsutil import write_atomic
+
+if TYPE_CHECKING:
+    from tasks.cluster import Cluster
 
 #: ninja gained jobserver client support (``MAKEFLAGS`` with ``fifo:``) in 1.13.
 MIN_NINJA = (1, 13)
@@ -103,6 +107,11 @@ class _Unit:
     past: bool = False
     since: float = 0.0
     buf: bytes = b""
+    #: On a cluster: the node it runs on (tasks/cluster.py ``Node``) and its task there, once sent.
+    node: Any = None
+    task: object = None
+    #: Its gate said it must run here (a link, a preprocessor run): never sent to a cluster.
+    here: bool = False
 
     def reserved(self) -> float:
         """The memory counted for this running unit: what it holds, or more, what it is expected to reach."""
@@ -127,9 +136,16 @@ class Broker:
     """
 
     def __init__(
-        self, fifo_fd: int, *, budget_mb: float | None = None, log: Path | None = None, slots: int = 0
+        self,
+        fifo_fd: int,
+        *,
+        budget_mb: float | None = None,
+        log: Path | None = None,
+        slots: int = 0,
+        cluster: Cluster | None = None,
     ) -> None:
         self._fifo = fifo_fd
+        self.cluster = cluster
         self.budget_mb = budget_mb
         self.slots = slots
         self._building: dict[str, float] = {}  # package -> priority, while its build runs
@@ -153,8 +169,9 @@ class Broker:
         self._log = log.open("a", buffering=1) if log is not None else None
         if self._log is not None:  # the log grows by run: each starts with this line
             budget = f"{budget_mb:.0f}MB" if budget_mb is not None else "tokens only"
+            on = f", on the {cluster.describe()}" if cluster is not None else ""
             self._log.write(
-                f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} run {os.getpid()}: {slots} slots, memory {budget}\n"
+                f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} run {os.getpid()}: {slots} slots, memory {budget}{on}\n"
             )
         self.peak_running = 0
         self.peak_reserved_mb = 0.0
@@ -264,6 +281,9 @@ class Broker:
         unit.buf += data
         while b"\n" in unit.buf:
             raw, unit.buf = unit.buf.split(b"\n", 1)
+            if conn in self._held and raw.startswith(b"x "):
+                self._remote(conn, unit, raw[2:])
+                continue
             words = raw.decode(errors="replace").split()
             if conn in self._held:
                 self._report(conn, unit, words)
@@ -271,11 +291,15 @@ class Broker:
                 self._hello(conn, unit, words)
 
     def _hello(self, conn: socket.socket, unit: _Unit, words: list[str]) -> None:
-        """``PRIORITY PACKAGE UNIT [NEED_MB]``: a compile asks to run (NEED_MB: its retry, with that room)."""
+        """``PRIORITY PACKAGE UNIT [NEED_MB] [here]``: a compile asks to run (NEED_MB: its retry, with that
+        room; ``here``: not on a cluster)."""
         try:
             prio = float(words[0])
         except (ValueError, IndexError):
             prio = 0.0
+        if words[-1:] == ["here"] and len(words) > 3:
+            unit.here = True
+            words = words[:-1]
         unit.package = words[1] if len(words) > 1 else "-"
         unit.unit = words[2] if len(words) > 2 else "-"
         with self._lock:
@@ -319,6 +343,9 @@ class Broker:
                     found["after_mb"] = float(words[3])
                 if words[5] != "0":
                     found["exit"] = int(words[5])
+                if unit.node is not None:  # where and when it ran (the trace's node tracks)
+                    found["node"] = unit.node.name
+                    found["since"] = unit.since
                 self._record(unit, found)
         except (IndexError, ValueError):
             return
@@ -341,10 +368,57 @@ class Broker:
             self._count(unit, held=-1)
             os.write(self._fifo, b"+")
             self._note("end", unit)
+        if self.cluster is not None and (unit.task is not None or unit.node is not None):
+            self.cluster.release(unit.task, unit.node, unit.expect.peak_mb)  # its gate is gone: its task too
+            unit.task = unit.node = None
         elif unit.package:
             self._waiting = [w for w in self._waiting if w[2] is not conn]
             heapq.heapify(self._waiting)
             self._count(unit, waiting=-1)
+
+    def _remote(self, conn: socket.socket, unit: _Unit, payload: bytes) -> None:
+        """A gate the broker sent to the cluster sends its compile (``x {json}``): run it on the unit's node."""
+        cluster = self.cluster
+        try:
+            job = json.loads(payload)
+        except ValueError:
+            job = None
+        if cluster is None or unit.node is None or not isinstance(job, dict) or unit.task is not None:
+            self._send(conn, b'r {"local": true}\n')
+            return
+
+        def done(result: dict[str, object]) -> None:
+            self._ran(conn, unit, result)
+
+        unit.task = cluster.submit(job, unit.expect.peak_mb, unit.node, done)
+
+    def _ran(self, conn: socket.socket, unit: _Unit, result: dict[str, object]) -> None:
+        """A compile's result from the cluster (the cluster's waiter thread): to its gate, with what it wrote."""
+        out = result.pop("out_bytes", b"")
+        err = result.pop("err_bytes", b"")
+        out = out if isinstance(out, bytes) else b""
+        err = err if isinstance(err, bytes) else b""
+        task, unit.task = unit.task, None
+        now = getattr(task, "node", None)  # where it ran last (None: nowhere any more, it runs here)
+        if now is not unit.node:
+            unit.node = now
+            self._note("moved" if now is not None else "local", unit)
+        result.pop("moves", None)
+        header = json.dumps({**result, "out": len(out), "err": len(err)}).encode()
+        self._send(conn, b"r " + header + b"\n" + out + err)
+
+    @staticmethod
+    def _send(conn: socket.socket, data: bytes) -> None:
+        """All of ``data`` to a gate's connection (non-blocking: waits while the gate reads); a gate that is
+        gone gets nothing."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[conn.send(view) :]
+            except BlockingIOError:
+                select.select([], [conn], [], 1.0)
+            except OSError:
+                return
 
     def _reserved(self) -> float:
         return sum(self._units[c].reserved() for c in self._held)
@@ -386,10 +460,14 @@ class Broker:
             conn = chosen[2]
             unit = self._units[conn]
             expect = unit.expect.peak_in if unit.expect.after_mb is not None else ""
+            unit.node = self.cluster.place(unit.expect.peak_mb) if self.cluster is not None and not unit.here else None
             try:
-                conn.send(b"+" + expect.encode() + b"\n")
+                conn.send((b"@" if unit.node is not None else b"+") + expect.encode() + b"\n")
             except OSError:
                 os.write(self._fifo, token)
+                if unit.node is not None and self.cluster is not None:
+                    self.cluster.release(None, unit.node, unit.expect.peak_mb)
+                    unit.node = None
                 continue
             self._held.add(conn)
             unit.since = time.time()
@@ -408,6 +486,8 @@ class Broker:
             f"live={unit.live_mb:.0f}MB running={len(self._held)} reserved={self._reserved():.0f}MB "
             f"waiting={len(self._waiting)}"
         )
+        if unit.node is not None:
+            line += f" node={unit.node.name}"
         if event == "end":
             line += f" seconds={time.time() - unit.since:.1f}"
         try:
@@ -509,7 +589,11 @@ def record_memory(cache_root: Path, package: str, results: dict[str, dict[str, o
     path = memory_record(cache_root, package)
     known = load_memory(path)
     for unit, found in results.items():
-        entry = {k: (round(v) if isinstance(v, float) and k.endswith("_mb") else v) for k, v in found.items()}
+        entry = {
+            k: (round(v) if isinstance(v, float) and k.endswith("_mb") else v)
+            for k, v in found.items()
+            if k not in ("node", "since")
+        }
         if found.get("killed") and unit in known:
             entry["peak_mb"] = max(_mb(entry.get("peak_mb")), _mb(known[unit].get("peak_mb")))
         known[unit] = entry
@@ -613,10 +697,13 @@ class JobServer:
         ninja: tuple[str | None, tuple[int, ...] | None] | None = None,
         mem_budget_gb: float | None = None,
         unit_log: Path | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         """``slots`` tokens; the gate admits units against ``mem_budget_gb`` (None: tokens only) and logs
-        each unit's start and end to ``unit_log``. ``ninja``: :func:`find_ninja`'s answer, if known."""
+        each unit's start and end to ``unit_log``. ``ninja``: :func:`find_ninja`'s answer, if known. With a
+        ``cluster`` (tasks/cluster.py), the compiles run on its nodes; the job server closes it."""
         self.slots = slots
+        self.cluster = cluster
         # make and ninja split MAKEFLAGS (the fifo's path) on spaces, build scripts the gate's scripts' paths
         self.directory = directory = compilers.spaceless_dir(directory, "reprostack-jobserver-")
         self.fifo = directory / f"jobserver-{os.getpid()}.fifo"
@@ -650,7 +737,7 @@ class JobServer:
             if unit_log is not None:
                 unit_log.parent.mkdir(parents=True, exist_ok=True)
             budget_mb = mem_budget_gb * 1024 if mem_budget_gb is not None else None
-            self.broker = Broker(self._fd, budget_mb=budget_mb, log=unit_log, slots=slots)
+            self.broker = Broker(self._fd, budget_mb=budget_mb, log=unit_log, slots=slots, cluster=cluster)
             source = Path(gate_module.__file__).read_text()
             call = f"\nraise SystemExit(main({self.broker.socket!r}, sys.argv[1:]))\n"
             if compilers.has_space(sys.executable):  # a '#!' line cannot name it: a shell starts the gate
@@ -664,6 +751,8 @@ class JobServer:
         atexit.register(self.close)
 
     def describe(self) -> str:
+        if self.clients and self.broker is not None and self.broker.cluster is not None:
+            return f"compiles on the {self.broker.cluster.describe()} (ninja {_fmt(self.ninja_version)})"
         if self.clients:
             return f"jobserver with {self.slots} slots shared by all builds (ninja {_fmt(self.ninja_version)})"
         found = f"ninja {_fmt(self.ninja_version)}" if self.ninja_version else "no ninja"
@@ -816,6 +905,9 @@ class JobServer:
         if self.broker is not None:
             self.broker.close()
             self.broker = None
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
         try:
             os.close(self._fd)
         except OSError:

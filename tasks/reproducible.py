@@ -77,6 +77,12 @@ Method = Literal["mount-namespace", "prefix-map"]
 # Runs inside the new mount namespace: mount the stage at the canonical path,
 # enter the build directory there, run the build.
 _ENTER = 'mount --bind "$1" "$2" && cd "$3" && shift 3 && exec "$@"'
+#: On a cluster node (tasks/cluster.py), where the mount point may not exist yet.
+_ENTER_NODE = 'mkdir -p "$2" && ' + _ENTER
+#: Where a build sees its stage at the canonical path: the stage and that path, in the build's environment,
+#: so that a compile sent to a cluster node enters the same view there (:func:`on_node`).
+ENV_STAGE = "REPRO_STAGE"
+ENV_STAGE_SEEN = "REPRO_STAGE_SEEN"
 
 
 def canonical_dir(package: str) -> PurePosixPath:
@@ -158,6 +164,16 @@ class Placement:
                 self.path(build_dir), *argv]  # fmt: skip
 
 
+def on_node(argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> tuple[list[str], str]:
+    """A compile of a build at the canonical path (``argv`` run in ``cwd``, with the build's ``env``) as a
+    cluster node runs it: in a mount namespace of its own with the stage (on the shared filesystem) at
+    the same canonical path, so that it compiles the same object there. Other compiles as they are."""
+    stage, seen = env.get(ENV_STAGE, ""), env.get(ENV_STAGE_SEEN, "")
+    if not stage or not seen or not (cwd == seen or cwd.startswith(seen + "/")):
+        return list(argv), cwd
+    return [*_unshare_prefix(), "sh", "-c", _ENTER_NODE, "reprostack-build", stage, seen, cwd, *argv], "/"
+
+
 def placement(package: str, stage: Path) -> Placement:
     return Placement(stage=stage, seen=canonical_dir(package), method=method())
 
@@ -192,6 +208,8 @@ def apply(env: Mapping[str, str], place: Placement, *, nvcc_seed: bool = False) 
     """``env`` with the reproducibility environment and flags added (after the recipe's own flags)."""
     out = dict(env)
     out.update(FIXED_ENV)
+    if place.method == "mount-namespace":
+        out.update({ENV_STAGE: str(place.stage), ENV_STAGE_SEEN: str(place.seen)})
     for name, extra in flags(prefix_maps(place), nvcc_seed=nvcc_seed).items():
         value = " ".join([env.get(name, ""), *extra]).strip()
         if value:

@@ -32,6 +32,9 @@ remote     REPRO_REMOTE        remote wheel cache: an http(s) URL of a Bazel HTT
 remote_write REPRO_REMOTE_WRITE  ``on``: upload wheels built in this run to the remote; ``off`` (default): read only
 remote_timeout REPRO_REMOTE_TIMEOUT  seconds to connect and to read, per remote request (default 10); 3 tries each
 shard      REPRO_SHARD         ``i/N``: ``doit wheels`` builds only shard i of N of the packages, assembles nothing
+cluster    REPRO_CLUSTER       a Ray cluster that runs the compiles (docs/cluster.md): ``ray://HOST:PORT``,
+                               ``HOST:PORT`` (the head's GCS port) or ``auto``; default ``RAY_ADDRESS``;
+                               ``off``: none, whatever ``RAY_ADDRESS`` says
 format     REPRO_FORMAT        ``doit plan``: ``text`` (default) or ``json`` (schema in docs/tasks.md)
 =========  ==================  ===============================================
 
@@ -43,7 +46,9 @@ that a newcomer who forgets ``lock=`` keeps building the example, not the real s
 from __future__ import annotations
 
 import os
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +82,7 @@ VARIABLES = {
     "remote_write": ("REPRO_REMOTE_WRITE", "off"),
     "remote_timeout": ("REPRO_REMOTE_TIMEOUT", "10"),
     "shard": ("REPRO_SHARD", ""),
+    "cluster": ("REPRO_CLUSTER", ""),
     "format": ("REPRO_FORMAT", "text"),
 }
 
@@ -113,6 +119,8 @@ class Settings:
     remote_write: bool = False
     remote_timeout: float = 10.0
     shard: tuple[int, int] | None = None
+    #: The Ray cluster's address (``cluster=``, else ``RAY_ADDRESS``); "": none (tasks/cluster.py).
+    cluster: str = ""
     #: ``unit``: the gate admits each compile by its own memory; ``job``: a fixed mem_per_job_gb per job.
     memory: str = "unit"
     #: ``doit plan``'s output: ``text`` or ``json``.
@@ -244,10 +252,29 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         remote_write=remote_write,
         remote_timeout=remote_timeout,
         shard=parse_shard(_get("shard", doit_vars)),
+        cluster=cluster_address(_get("cluster", doit_vars).strip()),
         memory=memory,
         format=output,
         from_workspace=tuple(sorted(from_workspace)),
     )
+
+
+def cluster_address(value: str, environ: Mapping[str, str] | None = None) -> str:
+    """The Ray cluster a run sends its compiles to: ``value`` (``cluster=``; ``off``: none), else
+    ``RAY_ADDRESS`` (what Ray's own tools read), else none ("")."""
+    environ = os.environ if environ is None else environ
+    source = "cluster"
+    if not value:
+        value, source = environ.get("RAY_ADDRESS", "").strip(), "RAY_ADDRESS"
+    if value in ("", "off"):
+        return ""
+    m = re.fullmatch(r"(ray://)?([A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(\d{1,5})", value)
+    if value != "auto" and (m is None or not 0 < int(m.group(3)) < 65536):
+        raise ReproError(
+            f"{source}={value!r}: give a Ray address: ray://HOST:PORT (Ray Client), HOST:PORT (the head's GCS "
+            "port) or auto; cluster=off builds here whatever RAY_ADDRESS says"
+        )
+    return value
 
 
 def _remote(doit_vars: dict[str, str]) -> tuple[str, bool, float]:

@@ -48,6 +48,8 @@ class Outcome:
     wait_s: float = 0.0  # of wall_s: waiting for job slots (other builds held them)
     forecast_s: float | None = None  # what the run's forecast said of its wall time (tasks/plan.py)
     escaped: dict[str, int] = field(default_factory=dict)  # compiler -> runs outside the gate
+    #: (unit, node, start, seconds): the units that compiled on a cluster node (unit: its output's file name)
+    nodes: list[tuple[str, str, float, float]] = field(default_factory=list)
 
 
 def parse_ninja_log(text: str) -> list[Unit]:
@@ -64,10 +66,17 @@ def parse_ninja_log(text: str) -> list[Unit]:
 
 
 def chrome_trace(outcomes: Iterable[Outcome]) -> dict[str, Any]:
-    """Trace-event JSON: one thread (row) per package, complete events ("ph": "X") in microseconds."""
+    """Trace-event JSON: one thread (row) per package, complete events ("ph": "X") in microseconds; on a
+    cluster, each node a process (track) of its own, holding the units that compiled there, by package."""
     outcomes = [o for o in outcomes if o.status == "built"]
     t0 = min((o.start for o in outcomes), default=0.0)
     events: list[dict[str, Any]] = []
+    nodes = sorted({n[1] for o in outcomes for n in o.nodes})
+    pids = {n: i for i, n in enumerate(nodes, start=2)}
+    if nodes:
+        events.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "this host"}})
+    for name, pid in pids.items():
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"node {name}"}})
     for tid, o in enumerate(sorted(outcomes, key=lambda o: o.start), start=1):
         events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": o.package}})
         events.append({
@@ -77,12 +86,22 @@ def chrome_trace(outcomes: Iterable[Outcome]) -> dict[str, Any]:
                      "object_cache_hits": o.object_hits, "object_cache_misses": o.object_misses},
         })  # fmt: skip
         base = (o.ninja_start or o.start) - t0
+        on_node = {unit: node for unit, node, _, _ in o.nodes}
         for u in o.units:
+            node = on_node.pop(u.output.rsplit("/", 1)[-1], "")
             events.append({
-                "ph": "X", "name": u.output.rsplit("/", 1)[-1], "cat": "compile", "pid": 1, "tid": tid,
-                "ts": round(base * 1e6 + u.start_ms * 1e3), "dur": max(1, (u.end_ms - u.start_ms) * 1000),
-                "args": {"output": u.output},
+                "ph": "X", "name": u.output.rsplit("/", 1)[-1], "cat": "compile", "pid": pids.get(node, 1),
+                "tid": tid, "ts": round(base * 1e6 + u.start_ms * 1e3), "dur": max(1, (u.end_ms - u.start_ms) * 1000),
+                "args": {"output": u.output, **({"node": node} if node else {})},
             })  # fmt: skip
+        for unit, node, start, seconds in o.nodes:  # a build without ninja's log: the broker's record
+            if unit in on_node:
+                events.append({
+                    "ph": "X", "name": unit, "cat": "compile", "pid": pids[node], "tid": tid,
+                    "ts": round((start - t0) * 1e6), "dur": max(1, round(seconds * 1e6)), "args": {"node": node},
+                })  # fmt: skip
+        for pid in sorted({pids[n[1]] for n in o.nodes}):
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": o.package}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

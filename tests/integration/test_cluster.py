@@ -1,0 +1,284 @@
+"""Compiles on a real Ray cluster (tasks/cluster.py): a head and worker nodes started with ``ray start`` on
+loopback, each with its own CPU count, as a user's cluster would be.
+
+The example lock's compiled packages build with their compile units on the worker nodes (units.log and
+trace.json say where), into the same wheels as a local build; a worker killed mid-build (its raylet,
+SIGKILL) costs the build nothing but a move; a node whose compiler is another version (a worker started
+in a mount namespace where ``c++`` is another program) is refused by name; an address where no head
+answers is one warning and a local build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import (
+    HAVE_HEADERS,
+    HAVE_NVCC,
+    QUICK,
+    Workspace,
+    make_workspace,
+    require,
+    shas,
+    warm_workspace,
+)
+from serve import FixtureServer
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+RAY = Path(sys.executable).parent / "ray"
+
+#: Quick failure detection, so that a killed worker is known dead in seconds, not half a minute.
+RAY_ENV = {
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_failure_threshold": "4",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RayCluster:
+    """A Ray head (no CPUs: it takes no compiles) and worker nodes, on this host, stopped at the end."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp = Path(f"/tmp/rt{os.getpid()}-{self.port}")  # Ray's sockets: a short path
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        self.env.update(RAY_ENV)
+        self._ray(
+            "start", "--head", f"--port={self.port}", "--num-cpus=0", "--node-name=head",
+            "--include-dashboard=false", f"--temp-dir={self.temp}", "--object-store-memory=100000000",
+        )  # fmt: skip
+
+    def _ray(self, *args: str, prefix: tuple[str, ...] = ()) -> None:
+        res = subprocess.run([*prefix, str(RAY), *args], env=self.env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"ray {' '.join(args)}: {res.stdout}\n{res.stderr}"
+
+    def add_worker(self, name: str, cpus: int = 1, prefix: tuple[str, ...] = ()) -> None:
+        self._ray(
+            "start", f"--address={self.address}", f"--num-cpus={cpus}", f"--node-name={name}",
+            "--object-store-memory=100000000", prefix=prefix,
+        )  # fmt: skip
+
+    def node_ids(self) -> dict[str, str]:
+        code = f"import json, ray; ray.init(address={self.address!r}, logging_level=40); "
+        code += "print(json.dumps({n['NodeName']: n['NodeID'] for n in ray.nodes() if n['Alive']}))"
+        res = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+
+    def raylets(self) -> dict[str, int]:
+        """node ID -> the pid of its raylet (ours: started under this cluster's session directory)."""
+        found = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if args and args[0].endswith(b"/raylet") and any(str(self.temp).encode() in a for a in args):
+                ids = [a.split(b"=", 1)[1].decode() for a in args if a.startswith(b"--node_id=")]
+                if ids:
+                    found[ids[0]] = int(pid)
+        return found
+
+    def kill_node(self, name: str) -> None:
+        node_id = self.node_ids()[name]
+        os.kill(self.raylets()[node_id], signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Stop this cluster's processes (not another Ray on the host): everything started under its temp dir."""
+        mine = str(self.temp).encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if mine in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                continue
+        time.sleep(1)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _other_compiler(root: Path) -> tuple[str, ...] | None:
+    """A command prefix that runs a worker node where ``c++`` (the build's C++ compiler, at its path) is
+    another program, reporting another version: a mount namespace (None where one cannot be made here)."""
+    cxx = shutil.which("c++")
+    if cxx is None or shutil.which("unshare") is None:
+        return None
+    fake = root / "other-c++"
+    fake.write_text("#!/bin/sh\necho 'c++ (Other) 99.1.0'\nexit 1\n")
+    fake.chmod(0o755)
+    real = os.path.realpath(cxx)
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {fake} {real} && {cxx} --version"],
+                           capture_output=True, text=True)  # fmt: skip
+    if probe.returncode != 1 or "Other" not in probe.stdout:
+        return None
+    return ("unshare", "-m", "sh", "-c", f'mount --bind {fake} {real} && exec "$0" "$@"')
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayCluster, bool]]:
+    """The cluster: worker-a and worker-b (one CPU each), and, where a mount namespace can be made,
+    worker-odd, whose ``c++`` is another version."""
+    if not HAVE_RAY:
+        require("Ray is not installed (pip install -e '.[cluster]')")
+    if not HAVE_NVCC or not HAVE_HEADERS:
+        require("the example's compiled packages need nvcc and Python's C headers")
+    root = tmp_path_factory.mktemp("ray")
+    cluster = RayCluster(root)
+    try:
+        cluster.add_worker("worker-a")
+        cluster.add_worker("worker-b")
+        odd = _other_compiler(root)
+        if odd is not None:
+            cluster.add_worker("worker-odd", prefix=odd)
+        yield cluster, odd is not None
+    finally:
+        cluster.stop()
+
+
+def _units(ws: Workspace) -> list[dict[str, str]]:
+    """The units.log lines of the workspace's runs: event, package, unit and node (if any)."""
+    out = []
+    for line in (ws.root / "build" / "logs" / "units.log").read_text().splitlines():
+        if line.startswith("#"):
+            continue
+        words = line.split()
+        node = re.search(r" node=(\S+)", line)
+        out.append({"event": words[1], "package": words[2], "unit": words[3], "node": node.group(1) if node else ""})
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster_build(
+    ray_cluster: tuple[RayCluster, bool], tmp_path_factory: pytest.TempPathFactory, server: FixtureServer
+) -> tuple[Workspace, subprocess.CompletedProcess[str]]:
+    """The example's quick profile built from an empty cache with its compiles on the cluster."""
+    cluster, _ = ray_cluster
+    root = tmp_path_factory.mktemp("on-cluster")
+    ws = make_workspace(root / "ws", root / "cache", server.url)
+    res = ws.doit("wheels", "profile=quick", f"cluster={cluster.address}", timeout=1800)
+    return ws, res
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.needs_headers
+def test_compiles_run_on_the_worker_nodes_into_the_wheels_of_a_local_build(
+    cluster_build: tuple[Workspace, subprocess.CompletedProcess[str]], tmp_path: Path, server: FixtureServer
+) -> None:
+    ws, res = cluster_build
+    assert "compiles on the Ray cluster" in res.stdout, res.stdout
+    units = _units(ws)
+    started = [u for u in units if u["event"] == "start"]
+    remote = [u for u in started if u["node"]]
+    assert {u["node"] for u in remote} <= {"worker-a", "worker-b"}, units
+    assert {u["package"] for u in remote} >= {"repro_cuda", "repro_pybind"}, units  # both compiled packages
+    assert any(u["unit"].endswith(".o") for u in remote), units
+    here = [u for u in started if not u["node"]]  # links and preprocessor runs stay here; compiles do not
+    assert all(u["unit"].endswith((".so", ".E")) for u in here), units
+    trace = json.loads((ws.root / "build" / "trace.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert tracks >= {"this host"} and tracks & {"node worker-a", "node worker-b"}, tracks
+    on_nodes = [e for e in trace["traceEvents"] if e.get("cat") == "compile" and "node" in e.get("args", {})]
+    assert on_nodes, trace
+
+    local = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
+    local.doit("wheels", "profile=quick", "cluster=off")
+    assert "Ray cluster" not in (local.root / "build" / "logs" / "units.log").read_text()
+    assert shas(ws) == shas(local)
+    assert sorted(shas(ws)) == QUICK
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.needs_headers
+def test_a_node_with_another_compiler_is_refused_by_name(
+    ray_cluster: tuple[RayCluster, bool], cluster_build: tuple[Workspace, subprocess.CompletedProcess[str]]
+) -> None:
+    _, odd = ray_cluster
+    if not odd:
+        require("a worker with another compiler needs a mount namespace (unshare -m, as root)")
+    ws, res = cluster_build
+    said = res.stdout + res.stderr
+    line = next((x for x in said.splitlines() if "worker-odd" in x), "")
+    assert "refused" in line and "cxx is 'c++ (Other) 99.1.0' there" in line, said
+    assert all(u["node"] != "worker-odd" for u in _units(ws))
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.needs_headers
+def test_a_worker_killed_mid_build_does_not_fail_it(
+    ray_cluster: tuple[RayCluster, bool], tmp_path: Path, server: FixtureServer
+) -> None:
+    cluster, _ = ray_cluster
+    cluster.add_worker("worker-c")
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
+    log = ws.root / "build" / "logs" / "units.log"
+    killed: list[str] = []
+
+    def kill_first_remote_unit() -> None:  # the first node that starts a compile loses it
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and not killed:
+            text = log.read_text() if log.exists() else ""
+            m = re.search(r" start \S+ \S+\.o .* node=(worker-[abc])\b", text)
+            if m:
+                cluster.kill_node(m.group(1))
+                killed.append(m.group(1))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=kill_first_remote_unit, daemon=True)
+    watcher.start()
+    res = ws.doit("wheels", "profile=quick", f"cluster={cluster.address}", timeout=1800)
+    watcher.join(timeout=5)
+    assert killed, res.stdout
+    moved = [u for u in _units(ws) if u["event"] == "moved"]
+    assert moved and all(u["node"] != killed[0] for u in moved), (killed, _units(ws), res.stdout, res.stderr)
+    assert f"node {killed[0]} lost a compile" in res.stderr, res.stderr
+    assert sorted(shas(ws)) == QUICK
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.needs_headers
+def test_a_head_that_does_not_answer_is_one_warning_and_a_local_build(
+    tmp_path: Path, quick_cache: Path, server: FixtureServer
+) -> None:
+    if not HAVE_RAY:
+        require("Ray is not installed (pip install -e '.[cluster]')")
+    ws = warm_workspace(tmp_path, quick_cache, server)
+    res = ws.doit("wheels", "profile=quick", f"cluster=127.0.0.1:{_free_port()}")
+    warnings = [x for x in res.stderr.splitlines() if "cluster=" in x]
+    assert len(warnings) == 1 and "the head does not answer" in warnings[0] and "building here" in warnings[0], (
+        res.stderr
+    )
+    assert sorted(shas(ws)) == QUICK
+
+
+def test_a_bad_address_is_one_line() -> None:
+    from tasks.errors import ReproError
+    from tasks.settings import cluster_address
+
+    with pytest.raises(ReproError, match=r"cluster='ray:/x': give a Ray address"):
+        cluster_address("ray:/x")
+    with pytest.raises(ReproError, match=r"RAY_ADDRESS='http://h:1'"):
+        cluster_address("", {"RAY_ADDRESS": "http://h:1"})
+    assert cluster_address("off", {"RAY_ADDRESS": "h:6379"}) == ""
+    assert cluster_address("", {"RAY_ADDRESS": "h:6379"}) == "h:6379"
