@@ -22,7 +22,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check)
 # compat: a plain .pth entry for this checkout (the default import hook costs every run's start-up time).
-"${PIP[@]}" install -q -e '.[example,test]' --config-settings editable_mode=compat
+"${PIP[@]}" install -q -e '.[example,test,cluster]' --config-settings editable_mode=compat
 # Our modules' bytecode, written once here: a shell with PYTHONDONTWRITEBYTECODE set (as some
 # hosts and CI runners do) would otherwise compile them on every run, a third of a no-op's time.
 .venv/bin/python -m compileall -q tasks dodo.py >/dev/null

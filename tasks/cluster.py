@@ -103,6 +103,19 @@ class Node:
         return self.memory_mb - self.reserved_mb
 
 
+def choose_node(nodes: list[Node], expect_mb: float, avoid: tuple[str, ...] = ()) -> Node | None:
+    """Where a compile expected to hold ``expect_mb`` goes: of the live nodes (not in ``avoid``, by ID) with a
+    free slot (else of all live ones: the broker's tokens are the nodes' slots, so that is a node lost
+    meanwhile), those where it fits (else all of them), the one with the most memory left, then the most
+    free slots, then by name. None: no live node."""
+    live = [n for n in nodes if n.alive and n.id not in avoid]
+    open_ = [n for n in live if n.running < n.cpus] or live
+    if not open_:
+        return None
+    fits = [n for n in open_ if n.free_mb() >= expect_mb] or open_
+    return min(fits, key=lambda n: (-n.free_mb(), n.running - n.cpus, n.name))
+
+
 @dataclass
 class _Task:
     job: dict[str, Any]
@@ -148,14 +161,10 @@ class Cluster:
             return self._place(expect_mb, avoid)
 
     def _place(self, expect_mb: float, avoid: tuple[str, ...]) -> Node | None:
-        live = [n for n in self.nodes if n.alive and n.id not in avoid]
-        open_ = [n for n in live if n.running < n.cpus] or live
-        if not open_:
-            return None
-        fits = [n for n in open_ if n.free_mb() >= expect_mb] or open_
-        node = min(fits, key=lambda n: (-n.free_mb(), n.running - n.cpus, n.name))
-        node.running += 1
-        node.reserved_mb += expect_mb
+        node = choose_node(self.nodes, expect_mb, avoid)
+        if node is not None:
+            node.running += 1
+            node.reserved_mb += expect_mb
         return node
 
     def release(self, handle: object, node: Node | None, expect_mb: float) -> None:

@@ -330,19 +330,28 @@ def run_captured(job: dict[str, object]) -> dict[str, object]:
         except OSError as exc:
             message = f"reprostack gate: cannot run {argv[0]} in {job['cwd']}: {exc}\n".encode()
             return {"code": 127, "seconds": 0.0, "out_bytes": b"", "err_bytes": message}
+        try:
+            pidfd = os.pidfd_open(child.pid)
+        except (AttributeError, OSError):
+            pidfd = -1
         while True:
-            try:
-                child.wait(timeout=interval)
+            if pidfd >= 0:
+                select.select([pidfd], [], [], interval)
+            else:
+                time.sleep(interval)
+            done, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if done:  # its largest process, from the kernel: a compile shorter than a sample is measured too
+                unit.peak_mb = max(unit.peak_mb, usage.ru_maxrss / 1024)
                 break
-            except subprocess.TimeoutExpired:
-                pass
             total, by_name = sample(child.pid)
             unit.add(total, by_name)
             if expect_peak_in and not past:
                 seen = seen or expect_peak_in in by_name
                 past = seen and expect_peak_in not in by_name
             interval = min(MAX_INTERVAL, interval * 2)
-        code = child.returncode
+        if pidfd >= 0:
+            os.close(pidfd)
+        code = child.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()

@@ -270,15 +270,3 @@ def test_a_head_that_does_not_answer_is_one_warning_and_a_local_build(
         res.stderr
     )
     assert sorted(shas(ws)) == QUICK
-
-
-def test_a_bad_address_is_one_line() -> None:
-    from tasks.errors import ReproError
-    from tasks.settings import cluster_address
-
-    with pytest.raises(ReproError, match=r"cluster='ray:/x': give a Ray address"):
-        cluster_address("ray:/x")
-    with pytest.raises(ReproError, match=r"RAY_ADDRESS='http://h:1'"):
-        cluster_address("", {"RAY_ADDRESS": "http://h:1"})
-    assert cluster_address("off", {"RAY_ADDRESS": "h:6379"}) == ""
-    assert cluster_address("", {"RAY_ADDRESS": "h:6379"}) == "h:6379"

@@ -1,0 +1,142 @@
+"""The cluster's pure parts (tasks/cluster.py): where a compile goes, what a node's toolchain differs in,
+what a compile asks for; the gate's half that runs a compile on a node; the address a run takes.
+tests/integration/test_cluster.py builds on a real Ray cluster."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks import gate, reproducible
+from tasks.cluster import Node, choose_node, differences, nvcc_threads
+from tasks.errors import ReproError
+from tasks.settings import cluster_address
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _nodes() -> list[Node]:
+    return [Node("1", "a", cpus=2, memory_mb=8000), Node("2", "b", cpus=2, memory_mb=32000)]
+
+
+def test_a_compile_goes_where_it_fits_with_the_most_memory_left() -> None:
+    a, b = _nodes()
+    assert choose_node([a, b], 4000) is b
+    b.reserved_mb = 30000  # b's memory is taken by what runs there: a has more left
+    assert choose_node([a, b], 1000) is a
+    b.reserved_mb = 0
+    b.running = 2  # b is full: a takes it, though b has more memory
+    assert choose_node([a, b], 1000) is a
+
+
+def test_a_heavy_compile_waits_for_no_node_but_goes_to_the_roomiest() -> None:
+    a, b = _nodes()
+    a.reserved_mb, b.reserved_mb = 1000, 31000
+    assert choose_node([a, b], 20000) is a  # fits nowhere: the node with the most memory left
+
+
+def test_lost_and_avoided_nodes_take_nothing() -> None:
+    a, b = _nodes()
+    b.alive = False
+    assert choose_node([a, b], 1000) is a
+    assert choose_node([a, b], 1000, avoid=("1",)) is None
+
+
+def test_ties_go_by_free_slots_then_name() -> None:
+    a, b = Node("1", "b", 4, 8000), Node("2", "a", 4, 8000)
+    assert choose_node([a, b], 0).name == "a"
+    b.running = 1
+    b.reserved_mb = 0
+    assert choose_node([a, b], 0).name == "b"
+
+
+def test_a_compile_asks_for_nvccs_threads() -> None:
+    assert nvcc_threads(["/usr/local/cuda/bin/nvcc", "-c", "x.cu", "--threads", "4"]) == 4
+    assert nvcc_threads(["nvcc", "--threads=2", "-c", "x.cu"]) == 2
+    assert nvcc_threads(["nvcc", "-t", "8", "-c", "x.cu"]) == 8
+    assert nvcc_threads(["nvcc", "-t", "0", "-c", "x.cu"]) == 1
+    assert nvcc_threads(["g++", "-t", "8", "-c", "x.cc"]) == 1
+    assert nvcc_threads([]) == 1
+
+
+def test_a_nodes_differences_are_named_field_by_field() -> None:
+    here = {"python": "3.12.3", "cxx": "g++ 13.3.0", "nvcc": "release 13.0", "torch": "2.11.0"}
+    assert differences(here, dict(here)) == []
+    found = differences(here, {**here, "cxx": "g++ 12.2.0", "torch": "2.10.0"})
+    assert found == ["torch is '2.10.0' there, '2.11.0' here", "cxx is 'g++ 12.2.0' there, 'g++ 13.3.0' here"]
+
+
+def test_only_compiles_of_sources_may_leave_the_host() -> None:
+    assert gate.compiles(["g++", "-c", "a.cc", "-o", "a.o"])
+    assert gate.compiles(["nvcc", "-shared", "vadd.cu", "-o", "v.so"])  # compile and link in one: a compile
+    assert not gate.compiles(["g++", "-shared", "a.o", "b.o", "-o", "x.so"])  # a link
+    assert not gate.compiles(["nvcc", "-E", "a.cu"])  # a preprocessor run (ccache's)
+    assert not gate.compiles(["g++", "--version"])
+
+
+def test_a_node_enters_the_builds_canonical_view() -> None:
+    env = {reproducible.ENV_STAGE: "/shared/build/stage/pkg", reproducible.ENV_STAGE_SEEN: "/tmp/reprostack-build/pkg"}
+    argv, cwd = reproducible.on_node(["g++", "-c", "a.cc"], "/tmp/reprostack-build/pkg/src", env)
+    assert cwd == "/"
+    assert argv[-3:] == ["g++", "-c", "a.cc"]
+    assert argv[argv.index("reprostack-build") + 1 :][:3] == [
+        "/shared/build/stage/pkg", "/tmp/reprostack-build/pkg", "/tmp/reprostack-build/pkg/src",
+    ]  # fmt: skip
+    assert argv[0] == "unshare" and "--mount" in argv
+    # a compile outside the view, or a build without one, runs as it is
+    assert reproducible.on_node(["g++"], "/elsewhere", env) == (["g++"], "/elsewhere")
+    assert reproducible.on_node(["g++"], "/tmp/reprostack-build/pkg", {}) == (["g++"], "/tmp/reprostack-build/pkg")
+
+
+def test_a_compile_run_for_a_node_returns_its_status_output_and_memory(tmp_path: Path) -> None:
+    job = {
+        "argv": [sys.executable, "-c", "import sys; b = bytearray(64 << 20); print('out'); "
+                 "print('err', file=sys.stderr); sys.exit(3)"],
+        "cwd": str(tmp_path),
+        "env": {"PATH": "/usr/bin:/bin"},
+    }  # fmt: skip
+    found = gate.run_captured(job)
+    assert found["code"] == 3 and not found["killed"]
+    assert found["out_bytes"] == b"out\n" and found["err_bytes"] == b"err\n"
+    assert isinstance(found["peak_mb"], float) and found["peak_mb"] >= 64
+    missing = gate.run_captured({**job, "cwd": str(tmp_path / "gone")})
+    assert missing["code"] == 127 and b"cannot run" in missing["err_bytes"]
+
+
+def test_a_killed_compile_is_reported_as_killed(tmp_path: Path) -> None:
+    found = gate.run_captured(
+        {"argv": ["sh", "-c", "kill -9 $$"], "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}}
+    )
+    assert found["code"] == 137 and found["killed"]
+
+
+def test_the_address_comes_from_cluster_else_ray_address() -> None:
+    assert cluster_address("ray://head:10001", {}) == "ray://head:10001"
+    assert cluster_address("", {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
+    assert cluster_address("off", {"RAY_ADDRESS": "10.0.0.1:6379"}) == ""
+    assert cluster_address("auto", {}) == "auto"
+    assert cluster_address("", {}) == ""
+    with pytest.raises(ReproError, match=r"cluster='ray:/x': give a Ray address"):
+        cluster_address("ray:/x", {})
+    with pytest.raises(ReproError, match=r"RAY_ADDRESS='http://h:1'"):
+        cluster_address("", {"RAY_ADDRESS": "http://h:1"})
+    with pytest.raises(ReproError):
+        cluster_address("head:99999", {})
+
+
+def test_a_local_build_does_not_import_ray() -> None:
+    """Ray is imported only inside tasks/cluster.py's functions, which run only with a cluster address."""
+    for path in sorted((REPO / "tasks").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+        assert not [m for m in names if m == "ray" or m.startswith("ray.")], path
+    code = "import sys, tasks.dodo, tasks.cluster, tasks.jobserver; print('ray' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "REPRO_LOCK": "examples/example.lock"})  # fmt: skip
+    assert res.stdout.strip().splitlines()[-1] == "False", res.stdout + res.stderr
