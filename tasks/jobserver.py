@@ -369,7 +369,9 @@ class Broker:
             os.write(self._fifo, b"+")
             self._note("end", unit)
         if self.cluster is not None and (unit.task is not None or unit.node is not None):
-            self.cluster.release(unit.task, unit.node, unit.expect.peak_mb)  # its gate is gone: its task too
+            if unit.task is not None:  # its gate is gone (Ctrl-C, a failed build) while it ran there: so is it
+                self._note("cancelled", unit)
+            self.cluster.release(unit.task, unit.node, unit.expect.peak_mb)
             unit.task = unit.node = None
         elif unit.package:
             self._waiting = [w for w in self._waiting if w[2] is not conn]

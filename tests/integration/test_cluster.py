@@ -270,3 +270,46 @@ def test_a_head_that_does_not_answer_is_one_warning_and_a_local_build(
         res.stderr
     )
     assert sorted(shas(ws)) == QUICK
+
+
+def _processes_under(path: Path) -> list[str]:
+    """The command lines of live processes that name ``path`` (a compile of that workspace: its stage)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(path).encode() in args and int(pid) != os.getpid():
+            found.append(args.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.needs_headers
+def test_ctrl_c_cancels_the_compiles_on_the_cluster(
+    ray_cluster: tuple[RayCluster, bool], tmp_path: Path, server: FixtureServer
+) -> None:
+    cluster, _ = ray_cluster
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
+    log = ws.root / "build" / "logs" / "units.log"
+    proc = ws.popen("wheels", "profile=quick", f"cluster={cluster.address}")
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and proc.poll() is None:
+        if re.search(r" start \S+ \S+\.o .* node=worker-", log.read_text() if log.exists() else ""):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()[0]
+    time.sleep(0.5)  # the compile is on its node now
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert "interrupted" in out, out
+    assert [u for u in _units(ws) if u["event"] == "cancelled" and u["node"].startswith("worker-")], _units(ws)
+    left = _processes_under(tmp_path)
+    for _ in range(15):  # a cancelled task's worker takes a moment to go (a compile here takes longer)
+        if not left:
+            break
+        time.sleep(0.2)
+        left = _processes_under(tmp_path)
+    assert left == [], left
