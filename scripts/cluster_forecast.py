@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks import admission, jobserver, ninjaorder  # noqa: E402
-from tasks.lockfile import Package, load_lock  # noqa: E402
-from tasks.plan import PackageWork, UnitWork, simulate  # noqa: E402
+from tasks import admission, jobserver, ninjaorder
+from tasks.lockfile import Package, load_lock
+from tasks.plan import PackageWork, UnitWork, simulate
 
 
 def _work(patches: Path, pkg: Package, slots: int) -> PackageWork | None:

@@ -62,13 +62,15 @@ class RayCluster:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"127.0.0.1:{self.port}"  # the head's GCS
+        self.client = f"ray://127.0.0.1:{_free_port()}"  # Ray Client's server on the head
         self.temp = Path(f"/tmp/rt{os.getpid()}-{self.port}")  # Ray's sockets: a short path
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         self.env.update(RAY_ENV)
         self._ray(
             "start", "--head", f"--port={self.port}", "--num-cpus=0", "--node-name=head",
             "--include-dashboard=false", f"--temp-dir={self.temp}", "--object-store-memory=100000000",
+            f"--ray-client-server-port={self.client.rsplit(':', 1)[1]}",
         )  # fmt: skip
 
     def _ray(self, *args: str, prefix: tuple[str, ...] = ()) -> None:
@@ -173,11 +175,12 @@ def _units(ws: Workspace) -> list[dict[str, str]]:
 def cluster_build(
     ray_cluster: tuple[RayCluster, bool], tmp_path_factory: pytest.TempPathFactory, server: FixtureServer
 ) -> tuple[Workspace, subprocess.CompletedProcess[str]]:
-    """The example's quick profile built from an empty cache with its compiles on the cluster."""
+    """The example's quick profile built from an empty cache with its compiles on the cluster, joined
+    through Ray Client (``ray://``; the other tests join at the head's GCS address)."""
     cluster, _ = ray_cluster
     root = tmp_path_factory.mktemp("on-cluster")
     ws = make_workspace(root / "ws", root / "cache", server.url)
-    res = ws.doit("wheels", "profile=quick", f"cluster={cluster.address}", timeout=1800)
+    res = ws.doit("wheels", "profile=quick", f"cluster={cluster.client}", timeout=1800)
     return ws, res
 
 
