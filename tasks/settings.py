@@ -261,17 +261,22 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
 
 def cluster_address(value: str, environ: Mapping[str, str] | None = None) -> str:
     """The Ray cluster a run sends its compiles to: ``value`` (``cluster=``; ``off``: none), else
-    ``RAY_ADDRESS`` (what Ray's own tools read), else none ("")."""
+    ``RAY_ADDRESS`` (what Ray's own tools read) where it is a cluster's address, else none ("").
+
+    A ``RAY_ADDRESS`` that is not one (``http://HOST:8265``, the dashboard that ``ray job submit``
+    reads it as) is left alone; a ``cluster=`` that is not one is an error."""
     environ = os.environ if environ is None else environ
-    source = "cluster"
-    if not value:
-        value, source = environ.get("RAY_ADDRESS", "").strip(), "RAY_ADDRESS"
+    given = bool(value)
+    if not given:
+        value = environ.get("RAY_ADDRESS", "").strip()
     if value in ("", "off"):
         return ""
     m = re.fullmatch(r"(ray://)?([A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(\d{1,5})", value)
     if value != "auto" and (m is None or not 0 < int(m.group(3)) < 65536):
+        if not given:
+            return ""
         raise ReproError(
-            f"{source}={value!r}: give a Ray address: ray://HOST:PORT (Ray Client), HOST:PORT (the head's GCS "
+            f"cluster={value!r}: give a Ray address: ray://HOST:PORT (Ray Client), HOST:PORT (the head's GCS "
             "port) or auto; cluster=off builds here whatever RAY_ADDRESS says"
         )
     return value
