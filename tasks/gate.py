@@ -43,6 +43,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 #: The environment a build runs with, by name (set by tasks/jobserver.py's ``JobServer.build_session``,
 #: which imports them from here: this file imports nothing of tasks/).
@@ -233,9 +234,24 @@ def run_once(conn: socket.socket, args: list[str], expect_peak_in: str) -> tuple
         except OSError as exc:
             os.write(2, f"reprostack gate: cannot run {args[0]}: {exc}\n".encode())
         os._exit(127)
+    told = [0.0, False]  # what the broker was last told: MB held, past the peak's process
+
+    def report(total: float, past: bool) -> None:
+        if abs(total - told[0]) >= REPORT_STEP_MB or past != told[1]:
+            _tell(conn, f"m {total:.0f} {1 if past else 0}")
+            told[:] = [total, past]
+
+    code, unit = watch(pid, expect_peak_in, report)
+    code, killed = _ended(code, before)
+    return code, unit, killed, time.monotonic() - start
+
+
+def watch(pid: int, expect_peak_in: str, report: Callable[[float, bool], None] | None = None) -> tuple[int, Unit]:
+    """Wait for the child ``pid``, sampling its process tree's memory, more seldom as it runs; its exit code
+    (``os.waitstatus_to_exitcode``'s) and its memory. ``report`` gets each sample's total (MB) and whether
+    the process the unit's peak is expected in (``expect_peak_in``) has run and ended."""
     unit = Unit()
-    reported = 0.0
-    seen = past = told_past = False
+    seen = past = False
     interval = FIRST_INTERVAL
     try:
         pidfd = os.pidfd_open(pid)
@@ -255,16 +271,19 @@ def run_once(conn: socket.socket, args: list[str], expect_peak_in: str) -> tuple
         if expect_peak_in and not past:  # the process the broker expects the unit's peak in has run and ended
             seen = seen or expect_peak_in in by_name
             past = seen and expect_peak_in not in by_name
-        if abs(total - reported) >= REPORT_STEP_MB or past != told_past:
-            _tell(conn, f"m {total:.0f} {1 if past else 0}")
-            reported, told_past = total, past
+        if report is not None:
+            report(total, past)
         interval = min(MAX_INTERVAL, interval * 2)
     if pidfd >= 0:
         os.close(pidfd)
-    seconds = time.monotonic() - start
-    code = os.waitstatus_to_exitcode(status)
-    killed = code == -signal.SIGKILL or (code != 0 and oom_kills() > before)
-    return (128 - code if code < 0 else code), unit, killed, seconds
+    return os.waitstatus_to_exitcode(status), unit
+
+
+def _ended(code: int, oom_kills_before: int) -> tuple[int, bool]:
+    """A compile's exit code as a shell gives it, and whether it was killed for memory (SIGKILL, or the
+    kernel's OOM counter rose while it ran)."""
+    killed = code == -signal.SIGKILL or (code != 0 and oom_kills() > oom_kills_before)
+    return (128 - code if code < 0 else code), killed
 
 
 def run_remote(conn: socket.socket, args: list[str], expect_peak_in: str) -> tuple[int, Unit, bool, float]:
@@ -318,9 +337,6 @@ def run_captured(job: dict[str, object]) -> dict[str, object]:
     expect_peak_in = str(job.get("expect") or "")
     before = oom_kills()
     start = time.monotonic()
-    unit = Unit()
-    seen = past = False
-    interval = FIRST_INTERVAL
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
             child = subprocess.Popen(
@@ -330,34 +346,14 @@ def run_captured(job: dict[str, object]) -> dict[str, object]:
         except OSError as exc:
             message = f"reprostack gate: cannot run {argv[0]} in {job['cwd']}: {exc}\n".encode()
             return {"code": 127, "seconds": 0.0, "out_bytes": b"", "err_bytes": message}
-        try:
-            pidfd = os.pidfd_open(child.pid)
-        except (AttributeError, OSError):
-            pidfd = -1
-        while True:
-            if pidfd >= 0:
-                select.select([pidfd], [], [], interval)
-            else:
-                time.sleep(interval)
-            done, status, usage = os.wait4(child.pid, os.WNOHANG)
-            if done:  # its largest process, from the kernel: a compile shorter than a sample is measured too
-                unit.peak_mb = max(unit.peak_mb, usage.ru_maxrss / 1024)
-                break
-            total, by_name = sample(child.pid)
-            unit.add(total, by_name)
-            if expect_peak_in and not past:
-                seen = seen or expect_peak_in in by_name
-                past = seen and expect_peak_in not in by_name
-            interval = min(MAX_INTERVAL, interval * 2)
-        if pidfd >= 0:
-            os.close(pidfd)
-        code = child.returncode = os.waitstatus_to_exitcode(status)
+        code, unit = watch(child.pid, expect_peak_in)
+        child.returncode = code
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    killed = code == -signal.SIGKILL or (code != 0 and oom_kills() > before)
+    code, killed = _ended(code, before)
     return {
-        "code": 128 - code if code < 0 else code,
+        "code": code,
         "peak_mb": unit.peak_mb,
         "peak_in": unit.peak_in,
         "after_mb": unit.after_mb,
