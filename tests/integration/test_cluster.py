@@ -105,8 +105,23 @@ class RayCluster:
         return found
 
     def kill_node(self, name: str) -> None:
-        node_id = self.node_ids()[name]
-        os.kill(self.raylets()[node_id], signal.SIGKILL)
+        """Lose the node as a machine is lost: its raylet and every process under it (its Ray workers, which
+        a raylet's death alone leaves running a task already handed to them), all at once."""
+        raylet = self.raylets()[self.node_ids()[name]]
+        parents = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                parents[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        tree = [raylet]
+        for pid in tree:
+            tree += [child for child, parent in parents.items() if parent == pid]
+        for pid in reversed(tree):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
 
     def stop(self) -> None:
         """Stop this cluster's processes (not another Ray on the host): everything started under its temp dir."""
