@@ -445,6 +445,20 @@ def _do_build(name: str) -> None:
         return
     notices.forget(ctx.settings.builddir, f"skipped:{ctx.lock.path.name}:{name}")
     build_package(ctx, pkg)
+    _report_asked_builds(ctx)
+
+
+def _report_asked_builds(ctx: Context) -> None:
+    """Where the command line names ``build:`` tasks (``doit build:flash_attn``), the summary and the build
+    timeline of those packages, as ``doit wheels`` gives them for its own: each build task that ends
+    reports the asked packages that have ended so far, so the last one reports them all."""
+    from tasks import timeline
+    from tasks.startup import requested_tasks
+
+    asked = [t.removeprefix("build:") for t in sorted(requested_tasks(sys.argv[1:])) if t.startswith("build:")]
+    ended = [n for n in asked if n in ctx.outcomes]
+    if ended:
+        timeline.report(ctx.outcomes, ended, ctx.settings.builddir / "trace.json")
 
 
 @guarded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -33,6 +34,10 @@ def test_object_cache_hits_across_trees_and_keeps_wheel_bytes(tmp_path: Path, se
     shutil.rmtree(cache / "wheels")
     cold = ws.doit("build:repro_pybind")
     assert "object cache:" in cold.stdout
+    # A build task named on the command line reports its package and writes the build timeline, as wheels does.
+    assert "repro_pybind  built" in cold.stdout, cold.stdout
+    trace = json.loads((ws.root / "build" / "trace.json").read_text())
+    assert {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"} == {"repro_pybind"}
     assert object_counts(cold.stdout, "repro_pybind") == (0, 1)
     assert file_sha256(_wheel(cache, "repro_pybind")) == uncached
 
