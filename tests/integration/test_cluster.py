@@ -3,13 +3,15 @@ loopback, each with its own CPU count, as a user's cluster would be.
 
 The example lock's compiled packages build with their compile units on the worker nodes (units.log and
 trace.json say where), into the same wheels as a local build; a worker killed mid-build (its raylet,
-SIGKILL) costs the build nothing but a move; a node whose compiler is another version (a worker started
+SIGKILL) costs the build nothing but a move; a compile SIGKILLed on a worker (the OOM killer's signal) runs
+once more with room; a node whose compiler is another version (a worker started
 in a mount namespace where ``c++`` is another program) is refused by name; an address where no head
 answers is one warning and a local build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -271,6 +273,57 @@ def test_a_worker_killed_mid_build_does_not_fail_it(
     moved = [u for u in _units(ws) if u["event"] == "moved"]
     assert moved and all(u["node"] != killed[0] for u in moved), (killed, _units(ws), res.stdout, res.stderr)
     assert f"node {killed[0]} lost a compile" in res.stderr, res.stderr
+    assert sorted(shas(ws)) == QUICK
+
+
+def _compiles_under_ray_workers(path: Path) -> dict[int, str]:
+    """pid -> command line of the compilers a Ray worker runs for the workspace at ``path`` (the worker's
+    children: the gate's trampoline execs the compiler in place)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes()
+            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            above = Path(f"/proc/{parent}/cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if above.startswith(b"ray::") and str(path).encode() in args:
+            found[int(pid)] = args.replace(b"\0", b" ").decode(errors="replace")
+    return found
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.needs_headers
+def test_a_compile_killed_on_a_worker_runs_once_more_with_room_as_here(
+    ray_cluster: tuple[RayCluster, bool], tmp_path: Path, server: FixtureServer
+) -> None:
+    """SIGKILL, the kernel OOM killer's signal, to a compile running on a worker node: the gate counts it
+    a kill for memory, asks again with room for twice its peak (a ``retry`` in units.log), and the build
+    ends with the wheels of a local build."""
+    cluster, _ = ray_cluster
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
+    killed: list[str] = []
+
+    def kill_first_remote_compile() -> None:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and not killed:
+            for pid, args in _compiles_under_ray_workers(ws.root).items():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(args)
+                    break
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=kill_first_remote_compile, daemon=True)
+    watcher.start()
+    res = ws.doit("wheels", "profile=quick", f"cluster={cluster.address}", timeout=1800)
+    watcher.join(timeout=5)
+    assert killed, res.stdout
+    retried = [u for u in _units(ws) if u["event"] == "retry"]
+    assert len(retried) == 1 and retried[0]["node"].startswith("worker-"), (killed, _units(ws))
+    assert retried[0]["unit"] in killed[0], (retried, killed)
+    logs = "".join(p.read_text() for p in (ws.root / "build" / "logs").glob("build-*.log"))
+    assert f"{retried[0]['unit']} ({retried[0]['package']}) was killed for memory" in logs, logs
     assert sorted(shas(ws)) == QUICK
 
 
