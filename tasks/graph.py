@@ -689,13 +689,44 @@ def task_wheels() -> TaskDict:
     }
 
 
+def _same_wheelhouse(task: str) -> None:
+    """`doit verify` (repro, bundle) asked without `wheels`, where wheels/ holds what `doit wheels` made for
+    another profile or lock than this run's: its dependency on `wheels` would first rebuild wheels/ for
+    this run's profile (for a real lock's default profile, hours of compiles and fetches), replacing the
+    wheelhouse the user meant to check. Refused before anything runs, naming the command for each intent."""
+    from tasks import manifest
+    from tasks.startup import requested_tasks
+
+    asked = requested_tasks(sys.argv[1:])
+    if task not in asked or "wheels" in asked:
+        return
+    ctx = context()
+    doc = manifest.read_document(ctx.settings.wheels)
+    if doc is None or not isinstance(doc.get("profile"), str) or not isinstance(doc.get("lock"), str):
+        return
+    profile, lock = doc["profile"], Path(doc["lock"])
+    if profile == ctx.settings.profile and lock.name == ctx.lock.path.name:  # (a wheelhouse from another checkout too)
+        return
+    print(
+        f"error: {ctx.settings.wheels}/ holds profile '{profile}' of {lock.name}, and this run's is profile "
+        f"'{ctx.settings.profile}' of {ctx.lock.path.name}: `doit {task}` would first rebuild {ctx.settings.wheels}/ "
+        f"for it. To {task} what is there, give the variables it was built with: `doit {task} profile={profile}` "
+        f"(lock=, mirror= as for that build); to build this run's profile and then {task} it: "
+        f"`doit wheels {task} profile={ctx.settings.profile}`.",
+        file=sys.stderr,
+    )
+    raise SystemExit(ReproError.exit_code)
+
+
 def task_verify() -> TaskDict:
     """Install the wheelhouse into a scratch venv and check imports, linkage, archs, GPU smoke tests."""
+    _same_wheelhouse("verify")
     return {"actions": [_do_verify], "task_dep": ["wheels"], "uptodate": [False], **CONSOLE}
 
 
 def task_repro() -> TaskDict:
     """Rebuild packages (pkgs=a,b; default all) in a second directory and compare with wheels/ bit for bit."""
+    _same_wheelhouse("repro")
     return {"actions": [_do_repro], "task_dep": ["wheels"], "uptodate": [False], **CONSOLE}
 
 
@@ -746,6 +777,7 @@ def task_export() -> TaskDict:
 
 def task_bundle() -> TaskDict:
     """Write one file for an air-gapped site: wheelhouse, SBOM, SHA256SUMS (+ bundle_image, bundle_mirror)."""
+    _same_wheelhouse("bundle")
     settings = context().settings
     deps = ["wheels", *(["export"] if settings.bundle_image else [])]
     return {"actions": [_do_bundle], "task_dep": deps, "uptodate": [False], **CONSOLE}

@@ -67,6 +67,16 @@ def test_host_without_nvcc_builds_the_rest(workspace: Workspace) -> None:
     workspace.doit("verify", "gpu=off", "profile=quick")
     report = json.loads((workspace.root / "build" / "verify" / "report.json").read_text())
     assert {row["package"] for row in report["rows"]} - {"wheelhouse", "closure"} == expected
+    # Without the profile wheels/ was built with, verify's dependency on wheels would first rebuild wheels/ for
+    # the default profile (for sources.lock: hours, FA2 and the full FA3): refused before anything runs.
+    before = manifest(workspace)
+    for task in ("verify", "repro", "bundle"):
+        res = workspace.doit(task, "gpu=off", check=False)
+        assert res.returncode == 10, res.stdout + res.stderr
+        said = res.stderr
+        assert "holds profile 'quick' of example.lock" in said and f"`doit {task} profile=quick`" in said, said
+        assert f"`doit wheels {task} profile=default`" in said and "build:" not in res.stdout, res.stdout + said
+    assert manifest(workspace) == before
 
     workspace.edit_lock("optional = true  # left out, with one line saying why, on a host without nvcc\n", "")
     res = workspace.doit("wheels", "profile=quick", check=False)
