@@ -190,10 +190,43 @@ def write_wheels(dest: Path, roots: tuple[str, ...] = (TOOL,)) -> Path:
     return dest / "requirements.txt"
 
 
+def interpreter_bound(dest: Path) -> dict[str, list[str]]:
+    """The wheels in ``dest`` that install on some Pythons only (their interpreter tags, ``cp311``): the
+    tool's wheels are this installation's, so a compiled dependency is built for this Python alone."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    bound = {}
+    for wheel in sorted(dest.glob("*.whl")):
+        try:
+            tags = parse_wheel_filename(wheel.name)[3]
+        except InvalidWheelFilename:
+            continue
+        if all(t.interpreter.startswith("py") or t.abi == "abi3" for t in tags):
+            continue  # any Python 3 (abi3: any from its version on)
+        bound[wheel.name] = sorted({_python_name(t.interpreter) for t in tags})
+    return bound
+
+
+def _python_name(interpreter: str) -> str:
+    """``cp311`` as people say it: CPython 3.11."""
+    if interpreter.startswith("cp") and interpreter[2:].isdigit() and len(interpreter) > 3:
+        return f"CPython {interpreter[2]}.{interpreter[3:]}"
+    return interpreter
+
+
 def write_tool_wheels(dest: Path) -> list[str]:
     """The tool's wheels and their ``requirements.txt`` in ``dest`` (:func:`write_wheels`); lines to print."""
     count = len(write_wheels(dest).read_text().splitlines())
-    return [
+    lines = [
         f"the tool: {count} wheels (reprostack and what it runs on) in {dest}; install it offline with "
         f"pip install --no-index --find-links {dest} --require-hashes -r {dest / 'requirements.txt'}"
     ]
+    bound = interpreter_bound(dest)
+    if bound:
+        pythons = sorted({p for tags in bound.values() for p in tags})
+        lines.append(
+            f"note: the tool's wheels install on {' and '.join(pythons)} only ({', '.join(bound)} "
+            f"{'is' if len(bound) == 1 else 'are'} built for this Python): for a build host with another Python, "
+            "write them with the tool installed on that Python"
+        )
+    return lines

@@ -128,3 +128,28 @@ def test_the_tools_wheel_is_not_written_from_metadata_older_than_pyproject(tmp_p
     (tmp_path / "pyproject.toml").write_text(newer)
     with pytest.raises(ReproError, match=r"commands reprostack-new.*bootstrap\.sh"):
         _check_current(dist, tmp_path / "pyproject.toml")
+
+
+def test_the_tools_wheels_say_which_pythons_they_install_on(tmp_path: Path) -> None:
+    """The tool's wheels are this installation's: a compiled dependency (charset-normalizer, built by mypyc)
+    installs on this Python only. `doit mirror` and `doit bundle` say so, naming the wheels, so that a GPU
+    host with another Python is not first told by pip's "no matching distribution"."""
+    import zipfile
+
+    from tasks.selfwheels import write_tool_wheels
+
+    lines = write_tool_wheels(tmp_path / "tool")
+    bound = {}
+    for wheel in sorted((tmp_path / "tool").glob("*.whl")):  # the tags each wheel's own WHEEL file gives
+        with zipfile.ZipFile(wheel) as z:
+            info = next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))
+            tags = [x.split(":", 1)[1].strip() for x in z.read(info).decode().splitlines() if x.startswith("Tag:")]
+        if not all(t.split("-")[0].startswith("py") or t.split("-")[1] == "abi3" for t in tags):
+            bound[wheel.name] = tags
+    notes = [x for x in lines if x.startswith("note:")]
+    if not bound:
+        assert notes == [], lines
+        return
+    (note,) = notes
+    mine = f"CPython {sys.version_info.major}.{sys.version_info.minor}"
+    assert f"install on {mine} only" in note and all(name in note for name in bound), (note, bound)
