@@ -566,8 +566,9 @@ def _do_bundle() -> None:
         from tasks.selfwheels import write_tool_wheels
 
         tool_dir = Path(tmp) / "tool"  # the tool's own wheels: it installs offline on the other side
-        for line in write_tool_wheels(tool_dir)[1:]:  # (the install command is printed below)
-            print(line, flush=True)
+        for line in write_tool_wheels(tool_dir):
+            if line.startswith("note:"):  # (the install command for the other side is printed below)
+                print(line, flush=True)
         info = {"lock": ctx.lock.path.name, "lock_sha256": ctx.lock.sha256, "profile": st.profile}
         path, digest = write_bundle(
             out, wheels=st.wheels, image=image, mirror=mirror_dir, lock=ctx.lock.path, tool=tool_dir, info=info

@@ -39,6 +39,8 @@ from conftest import (
 )
 from serve import FixtureServer
 
+from tasks import procfs
+
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 RAY = Path(sys.executable).parent / "ray"
 
@@ -110,12 +112,7 @@ class RayCluster:
         """Lose the node as a machine is lost: its raylet and every process under it (its Ray workers, which
         a raylet's death alone leaves running a task already handed to them), all at once."""
         raylet = self.raylets()[self.node_ids()[name]]
-        parents = {}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                parents[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
+        parents = {p.pid: p.ppid for p in procfs.processes()}
         tree = [raylet]
         for pid in tree:
             tree += [child for child, parent in parents.items() if parent == pid]
@@ -276,20 +273,24 @@ def test_a_worker_killed_mid_build_does_not_fail_it(
     assert sorted(shas(ws)) == QUICK
 
 
+def _command_lines() -> dict[int, tuple[int, bytes]]:
+    """pid -> (parent pid, command line) of the processes running now (tasks/procfs.py's table)."""
+    found = {}
+    for proc in procfs.processes():
+        with contextlib.suppress(OSError):
+            found[proc.pid] = (proc.ppid, Path(f"/proc/{proc.pid}/cmdline").read_bytes())
+    return found
+
+
 def _compiles_under_ray_workers(path: Path) -> dict[int, str]:
     """pid -> command line of the compilers a Ray worker runs for the workspace at ``path`` (the worker's
     children: the gate's trampoline execs the compiler in place)."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes()
-            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-            above = Path(f"/proc/{parent}/cmdline").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if above.startswith(b"ray::") and str(path).encode() in args:
-            found[int(pid)] = args.replace(b"\0", b" ").decode(errors="replace")
-    return found
+    running = _command_lines()
+    return {
+        pid: args.replace(b"\0", b" ").decode(errors="replace")
+        for pid, (ppid, args) in running.items()
+        if str(path).encode() in args and running.get(ppid, (0, b""))[1].startswith(b"ray::")
+    }
 
 
 @pytest.mark.needs_nvcc
@@ -345,15 +346,11 @@ def test_a_head_that_does_not_answer_is_one_warning_and_a_local_build(
 
 def _processes_under(path: Path) -> list[str]:
     """The command lines of live processes that name ``path`` (a compile of that workspace: its stage)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(path).encode() in args and int(pid) != os.getpid():
-            found.append(args.replace(b"\0", b" ").decode(errors="replace"))
-    return found
+    return [
+        args.replace(b"\0", b" ").decode(errors="replace")
+        for pid, (_, args) in _command_lines().items()
+        if str(path).encode() in args and pid != os.getpid()
+    ]
 
 
 @pytest.mark.needs_nvcc
