@@ -1,8 +1,8 @@
 """reprostack: build a pinned CUDA training stack into a verified wheelhouse.
 
 Run ``doit list`` for the tasks; ``doit help`` lists the variables. The task graph and its
-configuration live in tasks/dodo.py, which the installed ``reprostack`` command loads too.
+configuration live in tasks/cli/dodo.py, which the installed ``reprostack`` command loads too.
 """
 
-from tasks.dodo import *  # noqa: F403  (doit collects task_* names from this module)
-from tasks.dodo import DOIT_CONFIG  # noqa: F401
+from tasks.cli.dodo import *  # noqa: F403  (doit collects task_* names from this module)
+from tasks.cli.dodo import DOIT_CONFIG  # noqa: F401

@@ -2,13 +2,13 @@
 # The runtime image's definition: the base, pinned by digest, plus the venv this
 # script makes from the wheelhouse, offline, hash-checked and reproducibly.
 #
-# Run by `doit image` (tasks/image.py), never by hand: in a container of the
+# Run by `doit image` (tasks/image/image.py), never by hand: in a container of the
 # base with no network, as root, with this directory and wheels/ (the
 # wheelhouse's wheels and hash-pinned requirements.txt) copied to /reprostack:
 #   install-wheels.sh PYTHON PREFIX WHEELS
 # doit image then copies PREFIX out of the container and writes it as the
 # image's one new layer, with the config (VIRTUAL_ENV, PREFIX/bin first on
-# PATH, the labels) itself (tasks/layer.py): fixed times, sorted entries, so
+# PATH, the labels) itself (tasks/image/layer.py): fixed times, sorted entries, so
 # the same inputs give the same image ID. Neither the wheel files nor pip's
 # work files end up in the image.
 #

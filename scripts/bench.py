@@ -164,7 +164,7 @@ def doit_cmd(args: argparse.Namespace, work: Path, *targets: str, lock: Path | N
 
 
 def packages(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
-    from tasks.lockfile import load_lock
+    from tasks.lock.lockfile import load_lock
 
     return [p.name for p in load_lock(args.lock.resolve()).resolve(args.profile)]
 
@@ -268,7 +268,7 @@ def shard_figures(bench: Bench, cold_wheels: dict[str, Any]) -> None:
     share the cores; memory peaks are host-wide). Every assembled wheel is
     compared with the cold build's, made in another directory at another
     time: the per-package count of identical wheels, and for each that
-    differs, what differs (tasks.wheeldiff).
+    differs, what differs (tasks.verify.wheeldiff).
     """
     from cache_server import CacheServer
 
@@ -360,7 +360,7 @@ def compare_with_cold(
     work: Path, other: Path, manifest: dict[str, Any], cold_wheels: dict[str, Any]
 ) -> tuple[list[str], dict[str, str]]:
     """Which of other/wheels are byte-identical to the cold build's, and what differs in the rest."""
-    from tasks.wheeldiff import compare_wheels
+    from tasks.verify.wheeldiff import compare_wheels
 
     identical, differing = [], {}
     for w in manifest["wheels"]:
@@ -402,8 +402,8 @@ class Verify:
 
 def plain_baseline(bench: Bench, began: float) -> None:
     """Plain builds of the same patched trees, one after another, no cache."""
-    from tasks.build import build_env
-    from tasks.context import Context
+    from tasks.stages.build import build_env
+    from tasks.stages.context import Context
 
     args, work, env, log, names, result = bench.args, bench.work, bench.env, bench.log, bench.names, bench.result
 
@@ -609,7 +609,7 @@ def main() -> int:
 
     # Sources first, so the per-package figures are compile time only: the profile's (a mirror made for
     # the profile, offline, has no others).
-    from tasks.lockfile import load_lock
+    from tasks.lock.lockfile import load_lock
 
     fetches = [f"fetch:{name}" for name in load_lock(args.lock, require_pins=False).sources_for(args.profile)]
     wall, cpu, _ = timed(doit_cmd(args, work, *fetches), cwd=work, env=env, log=log)
@@ -730,7 +730,7 @@ def main() -> int:
         lock2 = edited_lock(args, work, pkg, rel)
         key_cmd = doit_cmd(args, work, f"build:{pkg}", lock=lock2)
         wall, cpu, _ = timed(key_cmd, cwd=work, env=env, log=log)
-        from tasks.context import Context
+        from tasks.stages.context import Context
 
         ctx2 = Context.load({"lock": str(lock2), "cache": str(work / "cache"), "profile": args.profile})
         meta = entry_meta(work, ctx2.key(ctx2.package(pkg))[0])
@@ -755,7 +755,7 @@ def main() -> int:
         shutil.rmtree(work / "cache" / "wheels" / key[:2] / key)
         wall, cpu, _ = timed(doit_cmd(args, work, f"build:{pkg}"), cwd=work, env=env, log=log)
         meta = entry_meta(work, key)
-        from tasks.treehash import file_sha256
+        from tasks.core.treehash import file_sha256
 
         digest = file_sha256(work / "cache" / "wheels" / key[:2] / key / meta["filename"])
         result["edit"]["unedited_rebuild"] = {

@@ -6,7 +6,7 @@
 
 For each package, from the lock's hints (``patches/<pkg>/unit-times.json``, the seconds each unit took in
 a recorded build, and ``unit-memory.json``, else the package's ``mem_per_job_gb``), the schedule the
-run's broker would follow (tasks/plan.py ``simulate``, the rules of tasks/admission.py): on one host of
+run's broker would follow (tasks/cli/plan.py ``simulate``, the rules of tasks/engine/admission.py): on one host of
 ``--host-cores`` cores and ``--host-mem`` GB, and on ``--nodes`` nodes of ``--cores`` cores and ``--mem`` GB
 (slots: cores over the package's ``NVCC_THREADS``, as each unit asks Ray for that many CPUs). The cluster's
 memory is modelled as one budget (every node's), and each unit's expected peak is checked to fit one
@@ -21,9 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks import admission, jobserver, ninjaorder
-from tasks.lockfile import Package, load_lock
-from tasks.plan import PackageWork, UnitWork, simulate
+from tasks.cli.plan import PackageWork, UnitWork, simulate
+from tasks.engine import admission, jobserver
+from tasks.lock.lockfile import Package, load_lock
+from tasks.outside import ninjaorder
 
 
 def _work(patches: Path, pkg: Package, slots: int) -> PackageWork | None:

@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from make_fixtures import publish  # noqa: E402
 from serve import FixtureServer  # noqa: E402
 
-from tasks.fsutil import rmtree  # noqa: E402
-from tasks.toolchain import _which  # noqa: E402
-from tasks.treehash import file_sha256  # noqa: E402
+from tasks.core.fsutil import rmtree  # noqa: E402
+from tasks.core.treehash import file_sha256  # noqa: E402
+from tasks.env.toolchain import _which  # noqa: E402
 
 EXAMPLE_LOCK = REPO / "examples" / "example.lock"
 

@@ -15,8 +15,8 @@ from conftest import Workspace, copy_cache, make_workspace
 from fake_wheels import publish_fake_toolchain
 from serve import FixtureServer
 
-from tasks.lockfile import load_lock
-from tasks.treehash import file_sha256
+from tasks.core.treehash import file_sha256
+from tasks.lock.lockfile import load_lock
 
 
 def _bundle(ws_root: Path) -> Path:
@@ -78,7 +78,7 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
         assert file_sha256(dest / "mirror" / "wheels" / wheel["filename"]) == wheel["sha256"], wheel["filename"]
     mirror = tmp_path / "mirror"
     ws.doit("mirror", "profile=quick", f"mirror={mirror}")
-    # The tool's own wheels: in the mirror's tool/ and the bundle's, the same bytes (tasks/selfwheels.py).
+    # The tool's own wheels: in the mirror's tool/ and the bundle's, the same bytes (tasks/image/selfwheels.py).
     in_mirror = _listing(mirror)
     tool = {k.removeprefix("tool/"): v for k, v in in_mirror.items() if k.startswith("tool/")}
     assert tool == _listing(dest / "tool") and "requirements.txt" in tool

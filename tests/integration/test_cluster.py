@@ -1,4 +1,4 @@
-"""Compiles on a real Ray cluster (tasks/cluster.py): a head and worker nodes started with ``ray start`` on
+"""Compiles on a real Ray cluster (tasks/engine/cluster.py): a head and worker nodes started with ``ray start`` on
 loopback, each with its own CPU count, as a user's cluster would be.
 
 The example lock's compiled packages build with their compile units on the worker nodes (units.log and
@@ -39,7 +39,7 @@ from conftest import (
 )
 from serve import FixtureServer
 
-from tasks import procfs
+from tasks.core import procfs
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 RAY = Path(sys.executable).parent / "ray"
@@ -274,7 +274,7 @@ def test_a_worker_killed_mid_build_does_not_fail_it(
 
 
 def _command_lines() -> dict[int, tuple[int, bytes]]:
-    """pid -> (parent pid, command line) of the processes running now (tasks/procfs.py's table)."""
+    """pid -> (parent pid, command line) of the processes running now (tasks/core/procfs.py's table)."""
     found = {}
     for proc in procfs.processes():
         with contextlib.suppress(OSError):

@@ -24,8 +24,8 @@ from conftest import REPO, Workspace, make_workspace
 from make_fixtures import RUNTIME_WHEELS, simple_index, write_wheel
 from serve import FixtureServer
 
-from tasks.lockfile import load_lock
-from tasks.treehash import file_sha256
+from tasks.core.treehash import file_sha256
+from tasks.lock.lockfile import load_lock
 
 pytestmark = pytest.mark.integration
 CLOSURE = ["repro-colors", "repro-greeting", "repro-round", "repro-shapes"]

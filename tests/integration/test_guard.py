@@ -19,8 +19,8 @@ from fake_wheels import make_wheel
 from make_fixtures import RUNTIME_WHEELS, simple_index, write_wheel
 from serve import FixtureServer
 
-from tasks.lockfile import load_lock
-from tasks.treehash import file_sha256
+from tasks.core.treehash import file_sha256
+from tasks.lock.lockfile import load_lock
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ def test_preflight_checks_the_node_against_the_wheelhouse_it_ships_in(workspace:
     ws.doit("wheels", "profile=guard")
     spec = json.loads((ws.wheels / "preflight.json").read_text())
     assert spec["archs"] == ["sm_90a"] and spec["build"]["torch"] == _torch_version()
-    assert (ws.wheels / "preflight.py").read_bytes() == (REPO / "tasks" / "preflight.py").read_bytes()
+    assert (ws.wheels / "preflight.py").read_bytes() == (REPO / "tasks" / "outside" / "preflight.py").read_bytes()
     ws.doit("verify", "profile=guard")  # what doit wheels writes is the wheelhouse's own (the contents row)
 
     ws.env_extra["REPRO_LIBCUDA"] = str(tmp_path / "no-driver" / "libcuda.so.1")  # no driver, whatever the host
@@ -191,7 +191,7 @@ def test_the_closure_keeps_the_base_whole(tmp_path: Path, published: Path) -> No
 
 
 def test_a_capture_made_on_the_node_keeps_its_base_whole(tmp_path: Path, published: Path) -> None:
-    """A base this host cannot run (a cluster node, offline): tasks/capture_base.py, run there with the node's
+    """A base this host cannot run (a cluster node, offline): tasks/outside/capture_base.py, run there with the node's
     Python and nothing else, writes what it holds; `doit lock` reads that file (base_capture) as it would
     the interpreter, and keeps the base's hub. A capture outside the lock's folder, or not a capture, is
     refused in one line."""
@@ -199,7 +199,7 @@ def test_a_capture_made_on_the_node_keeps_its_base_whole(tmp_path: Path, publish
     base = _base(tmp_path / "base", index, "repro-sentence==6.0.1", "repro-hub==1.5.0")
     node = tmp_path / "node"  # what a node has: its interpreter and the one script, copied there alone
     node.mkdir()
-    shutil.copy(REPO / "tasks" / "capture_base.py", node / "capture_base.py")
+    shutil.copy(REPO / "tasks" / "outside" / "capture_base.py", node / "capture_base.py")
     with FixtureServer(index) as srv:
         ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
         (ws.root / "bases").mkdir()
@@ -223,7 +223,7 @@ def test_a_capture_made_on_the_node_keeps_its_base_whole(tmp_path: Path, publish
         (ws.root / "bases" / "bad.json").write_text('{"python": "3.12"}')
         for given, said in {
             "../outside.json": "must be a path inside the lock's folder",
-            "bases/bad.json": "is not a capture of tasks/capture_base.py",
+            "bases/bad.json": "is not a capture of tasks/outside/capture_base.py",
             "bases/missing.json": "cannot be read",
         }.items():
             ws.edit_lock(re.search(r'base_capture = "[^"]*"', ws.lock.read_text()).group(0),  # type: ignore[union-attr]
@@ -269,7 +269,7 @@ def test_a_base_image_is_captured_in_the_image(tmp_path: Path, published: Path, 
 def test_verify_runs_pip_check_over_base_and_wheelhouse(tmp_path: Path, published: Path) -> None:
     """The old way (a hand-written provided set) brings repro-hub 2.4.0 beside a base holding repro-sentence:
     verify's pip check over base plus wheelhouse fails, naming both."""
-    from tasks.verify import verify_wheelhouse
+    from tasks.verify.checks import verify_wheelhouse
 
     index = _hub_index(published, tmp_path / "served")
     with FixtureServer(index) as srv:

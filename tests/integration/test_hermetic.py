@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO, Workspace, built_packages, lock_text_for, require
 
 from integration.test_wheels import find_cuobjdump
-from tasks.hermetic import set_sha256
-from tasks.lockfile import load_lock
+from tasks.env.hermetic import set_sha256
+from tasks.lock.lockfile import load_lock
 
 pytestmark = pytest.mark.integration
 

@@ -23,9 +23,9 @@ from fake_wheels import publish_fake_toolchain
 from fake_wheels import sha256 as file_sha
 from serve import FixtureServer
 
-from tasks.cache import Cache
-from tasks.hermetic import ensure
-from tasks.lockfile import load_lock
+from tasks.env.hermetic import ensure
+from tasks.lock.lockfile import load_lock
+from tasks.store.cache import Cache
 
 pytestmark = pytest.mark.integration
 

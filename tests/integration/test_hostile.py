@@ -27,8 +27,8 @@ from conftest import REPO, Workspace, make_workspace, small_tmpfs
 from make_fixtures import write_wheel
 from serve import FixtureServer
 
-from tasks.remote import history_key
-from tasks.treehash import file_sha256
+from tasks.core.treehash import file_sha256
+from tasks.store.remote import history_key
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from conftest import REPO, Workspace, built_packages, copy_cache, make_workspace, require
 
-from tasks.treehash import file_sha256
+from tasks.core.treehash import file_sha256
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_nvcc]
 

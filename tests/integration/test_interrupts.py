@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import Workspace, make_workspace
 
-from tasks.cache import temporary_dir
+from tasks.store.cache import temporary_dir
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,17 @@ from pathlib import Path
 import pytest
 from conftest import require
 
-from tasks import admission, ninjaorder
-from tasks.gate import ENV_PACKAGE, ENV_PRIORITY, ENV_UNIT_TIMES, ENV_WAIT_LOG
-from tasks.jobserver import JobServer, killed_for_memory, load_memory, memory_record, ninja_version, record_memory
+from tasks.engine import admission
+from tasks.engine.jobserver import (
+    JobServer,
+    killed_for_memory,
+    load_memory,
+    memory_record,
+    ninja_version,
+    record_memory,
+)
+from tasks.outside import ninjaorder
+from tasks.outside.gate import ENV_PACKAGE, ENV_PRIORITY, ENV_UNIT_TIMES, ENV_WAIT_LOG
 
 JOB = textwrap.dedent(
     """
@@ -95,7 +103,7 @@ def _tokens_back(server: JobServer) -> int:
 
 
 def _results(server: JobServer, package: str = "pkg") -> dict[str, dict[str, object]]:
-    """What ``package``'s units reported, once the broker has read the end of each (as tasks/build.py)."""
+    """What ``package``'s units reported, once the broker has read the end of each (as tasks/stages/build.py)."""
     assert server.broker is not None and server.broker.settle(package)
     return server.broker.results(package)
 
@@ -732,7 +740,7 @@ def _ninja_passes(project: Path, env: dict[str, str]) -> None:
 
 
 def test_a_build_session_names_the_package_to_the_gate_and_records_its_units(tmp_path: Path) -> None:
-    """JobServer.build_session, as tasks/build.py opens it: the build's environment names the package and
+    """JobServer.build_session, as tasks/stages/build.py opens it: the build's environment names the package and
     its priority (from the lock's unit times) to the gate, the times to the ninja shim and the file for
     its waits; when the block ends, a failed build's too, its units' memory and seconds are in the cache,
     its log says so and every token is back. Without ninja 1.13, only the wait log."""

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import HAVE_HEADERS, HAVE_NVCC, REPO, Workspace, entries, make_workspace, require, shas
 
-from tasks.settings import WORKSPACE_FILE
-from tasks.toolchain import _which
+from tasks.core.settings import WORKSPACE_FILE
+from tasks.env.toolchain import _which
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +133,7 @@ def test_another_nvcc_is_another_key(tmp_path: Path, workspace: Workspace) -> No
     }
     for name, bindir in reached.items():
         code = (
-            "from tasks.context import Context\n"
+            "from tasks.stages.context import Context\n"
             f"ctx = Context.load({{'lock': {str(workspace.lock)!r}, 'cache': {str(workspace.cache)!r}}})\n"
             "print(ctx.key(ctx.package('repro_cuda'))[0])\n"
         )
@@ -214,7 +214,7 @@ def test_venv_doit_finds_the_venv_tools() -> None:
     builds' PATH is the interpreter's directory (so its ninja, not the system's)."""
     if sys.prefix == sys.base_prefix:
         require("not running in a venv")
-    from tasks.context import interpreter_path
+    from tasks.stages.context import interpreter_path
 
     here = os.path.dirname(sys.executable)
     bare = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != here)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import make_workspace, object_counts
 
-from tasks.treehash import file_sha256
+from tasks.core.treehash import file_sha256
 
 
 def _wheel(cache: Path, package: str) -> Path:

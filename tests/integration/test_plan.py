@@ -126,7 +126,7 @@ def fake_torch(root: Path, version: str, cuda: str | None, cxx11_abi: bool) -> P
 def test_another_torch_names_every_package_whose_key_holds_it(built: Workspace, tmp_path: Path) -> None:
     docs = {name: meta["key_document"] for name, meta in entries(built.cache).items()}
     dependent = sorted(name for name, doc in docs.items() if "torch" in doc.get("toolchain", {}))
-    assert dependent  # the toolchain's torch enters every package's key (tasks/toolchain.py, fingerprint)
+    assert dependent  # the toolchain's torch enters every package's key (tasks/env/toolchain.py, fingerprint)
     tool = docs[dependent[0]]["toolchain"]
     old = tool["torch"]
     path = fake_torch(tmp_path / "torch-2.99", "2.99.0+fake", tool.get("torch_cuda") or None, tool["torch_cxx11_abi"])

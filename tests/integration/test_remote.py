@@ -26,9 +26,9 @@ from conftest import (
 )
 from serve import FixtureServer
 
-from tasks.fsutil import rmtree
-from tasks.remote import history_key
-from tasks.treehash import file_sha256
+from tasks.core.fsutil import rmtree
+from tasks.core.treehash import file_sha256
+from tasks.store.remote import history_key
 
 pytestmark = pytest.mark.integration
 

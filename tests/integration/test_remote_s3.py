@@ -50,8 +50,8 @@ from conftest import (
 )
 from serve import FixtureServer
 
-from tasks.cache import Cache
-from tasks.remote import Remote, history_key
+from tasks.store.cache import Cache
+from tasks.store.remote import Remote, history_key
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,12 @@ from conftest import REPO, built_packages, copy_cache, make_workspace, require
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
-from tasks import proc, provenance, reproducible
-from tasks.lockfile import load_lock
-from tasks.toolchain import nvcc_takes_seed
-from tasks.treehash import file_sha256
+from tasks.core import proc
+from tasks.core.treehash import file_sha256
+from tasks.env import reproducible
+from tasks.env.toolchain import nvcc_takes_seed
+from tasks.lock.lockfile import load_lock
+from tasks.stages import provenance
 
 pytestmark = pytest.mark.integration
 

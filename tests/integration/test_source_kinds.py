@@ -1,7 +1,7 @@
 """A source kind added in this one file: "dir", a directory tree of this host, locked, fetched and built
 end to end by the real `doit lock` and `doit wheels`.
 
-The doit processes learn of it through tasks/kinds.py's plugin point: ``REPRO_SOURCE_KINDS`` names this
+The doit processes learn of it through tasks/lock/kinds.py's plugin point: ``REPRO_SOURCE_KINDS`` names this
 module, whose ``SOURCE_KINDS`` lists the kind. Nothing in tasks/ knows the kind.
 """
 
@@ -17,10 +17,10 @@ import pytest
 from conftest import REPO, Workspace
 from serve import FixtureServer
 
-from tasks.cache import Cache
-from tasks.kinds import BomEntry, TreeKind, source_filter
-from tasks.lockfile import Source
-from tasks.lockschema import Field, Problems, is_license, is_sha256, is_str, is_str_list
+from tasks.lock.kinds import BomEntry, TreeKind, source_filter
+from tasks.lock.lockfile import Source
+from tasks.lock.schema import Field, Problems, is_license, is_sha256, is_str, is_str_list
+from tasks.store.cache import Cache
 
 pytestmark = pytest.mark.integration
 

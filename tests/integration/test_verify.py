@@ -31,9 +31,10 @@ from pathlib import Path
 import pytest
 from conftest import HAVE_HEADERS, require
 
-from tasks import provenance, verify
-from tasks.errors import VerifyFailed
-from tasks.verify_report import Report, Row
+from tasks.core.errors import VerifyFailed
+from tasks.stages import provenance
+from tasks.verify import checks
+from tasks.verify.report import Report, Row
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_PYBIND11 = importlib.util.find_spec("pybind11") is not None
 GPU = HAVE_TORCH and bool(importlib.import_module("torch").cuda.is_available())
-CUOBJDUMP = verify.find_cuobjdump()
+CUOBJDUMP = checks.find_cuobjdump()
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ is not installed")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -375,7 +376,7 @@ def wheelhouse(
         sha = hashlib.sha256(w.wheel.read_bytes()).hexdigest()
         default: dict[str, object] = {
             "imports": [],
-            "smoke": w.package if (verify.SMOKE_DIR / f"{w.package}.py").exists() else None,
+            "smoke": w.package if (checks.SMOKE_DIR / f"{w.package}.py").exists() else None,
         }
         entries.append(
             {
@@ -436,7 +437,7 @@ def test_good_wheelhouse_passes(built: dict[str, Built], tmp_path: Path) -> None
         pick(built, *names),
         verify_={"repro_cuda": {"imports": ["repro_cuda", "repro_cuda._vadd"], "smoke": "repro_cuda"}},
     )
-    report = verify.verify_wheelhouse(house, tmp_path / "work")
+    report = checks.verify_wheelhouse(house, tmp_path / "work")
     text = report.render()
     assert report.ok, text
     assert {row.status for row in report.rows} <= {"PASS", "SKIP"}
@@ -480,11 +481,11 @@ def test_wrong_archs_and_bad_smoke_fail(
 ) -> None:
     smoke = tmp_path / "smoke"
     smoke.mkdir()
-    shutil.copy(verify.SMOKE_DIR / "repro_cuda.py", smoke)
-    shutil.copy(verify.SMOKE_DIR / "_harness.py", smoke)
+    shutil.copy(checks.SMOKE_DIR / "repro_cuda.py", smoke)
+    shutil.copy(checks.SMOKE_DIR / "_harness.py", smoke)
     (smoke / "slow.py").write_text("import time\nprint('starting', flush=True)\ntime.sleep(60)\n")
     (smoke / "silent.py").write_text("import os\nos.abort()\n")
-    monkeypatch.setattr(verify, "SMOKE_DIR", smoke)
+    monkeypatch.setattr(checks, "SMOKE_DIR", smoke)
     house = wheelhouse(
         tmp_path / "wheels",
         pick(built, "repro_pure", "repro_pybind", "repro_cuda"),
@@ -497,7 +498,7 @@ def test_wrong_archs_and_bad_smoke_fail(
         },
     )
     with pytest.raises(VerifyFailed) as info:
-        verify.run_verify(house, tmp_path / "work", gpu="off", smoke_timeout=5)
+        checks.run_verify(house, tmp_path / "work", gpu="off", smoke_timeout=5)
     assert str(tmp_path / "work" / "report.txt") in str(info.value)
     report = Report.from_dict(json.loads((tmp_path / "work" / "report.json").read_text()))
 
@@ -523,7 +524,7 @@ def test_broken_wheels_fail_with_reasons(built: dict[str, Built], tmp_path: Path
         pick(built, "repro_missinglib", "repro_badsym", "repro_ptx", "repro_crash"),
         verify_={"repro_crash": {"imports": ["repro_crash"]}},
     )
-    report = verify.verify_wheelhouse(house, tmp_path / "work")
+    report = checks.verify_wheelhouse(house, tmp_path / "work")
     assert not report.ok
 
     missing = rows_of(report, "repro_missinglib")
@@ -553,9 +554,9 @@ def test_broken_wheels_fail_with_reasons(built: dict[str, Built], tmp_path: Path
 
 @needs_nvcc
 def test_arch_fails_without_cuobjdump(built: dict[str, Built], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(verify, "find_cuobjdump", lambda *a, **k: None)
+    monkeypatch.setattr(checks, "find_cuobjdump", lambda *a, **k: None)
     house = wheelhouse(tmp_path / "wheels", pick(built, "repro_cuda"))
-    report = verify.verify_wheelhouse(house, tmp_path / "work", gpu="off")
+    report = checks.verify_wheelhouse(house, tmp_path / "work", gpu="off")
     arch = rows_of(report, "repro_cuda")["arch"]
     assert arch.status == "FAIL"
     assert "pip install nvidia-cuda-cuobjdump" in arch.detail
@@ -565,7 +566,7 @@ def test_install_failure_is_reported_with_log(built: dict[str, Built], tmp_path:
     house = wheelhouse(tmp_path / "wheels", pick(built, "repro_pure"))
     # A requirements file whose hash does not match: pip must refuse.
     (house / "requirements.txt").write_text(f"repro-pure==0.1.0 --hash=sha256:{'0' * 64}\n")
-    report = verify.verify_wheelhouse(house, tmp_path / "work", log_dir=tmp_path / "logs")
+    report = checks.verify_wheelhouse(house, tmp_path / "work", log_dir=tmp_path / "logs")
     install = rows_of(report, "wheelhouse")["install"]
     assert install.status == "FAIL"
     assert str(tmp_path / "logs" / "install.log") in install.detail

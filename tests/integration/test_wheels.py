@@ -24,7 +24,7 @@ from conftest import (
     scratch_venv,
 )
 
-from tasks.treehash import file_sha256
+from tasks.core.treehash import file_sha256
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ a lock and a patches/ folder, builds, verifies and reproduces a C++ extension of
 served as an sdist-like archive on loopback).
 
 The tool is installed as a user without network would install it: a venv of its own, the tool's wheels from
-`doit mirror`'s tool/ (tasks/selfwheels.py) with --no-index --require-hashes, then the reprostack wheel that pip
+`doit mirror`'s tool/ (tasks/image/selfwheels.py) with --no-index --require-hashes, then the reprostack wheel that pip
 builds from this checkout, and the package's build requirements.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from conftest import REPO
 from serve import FixtureServer
 
-from tasks import selfwheels
+from tasks.image import selfwheels
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_headers]
 
@@ -99,7 +99,7 @@ def installed_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (wheel,) = dist.glob("reprostack-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     # What the tasks read at run time beside their code: the smoke scripts, docker/'s install script (doit image).
-    for needed in ("tasks/bundle_unpack.py", "tasks/smoke/_harness.py", "tasks/docker/install-wheels.sh"):
+    for needed in ("tasks/outside/unbundle.py", "tasks/outside/smoke/_harness.py", "tasks/docker/install-wheels.sh"):
         assert needed in names, names
         (own,) = tool.glob("reprostack-*.whl")
         assert needed in zipfile.ZipFile(own).namelist()
@@ -116,7 +116,7 @@ def installed_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     build = root / "build-requirements"
     requirements = selfwheels.write_wheels(build, ("setuptools", "pybind11"))
     _run([*vpip, "--find-links", str(build), "--require-hashes", "-r", str(requirements)], env=offline, timeout=600)
-    code = "from tasks.image import tool_docker_dir as d; print(d())"
+    code = "from tasks.image.image import tool_docker_dir as d; print(d())"
     where = _run([str(env_dir / "bin" / "python"), "-c", code], cwd=root)  # not the checkout: it is on sys.path there
     assert Path(where.stdout.strip()).is_relative_to(env_dir), where.stdout  # the installed copy, not the checkout's
     yield env_dir / "bin"

@@ -1,11 +1,11 @@
-"""The run's admission policy (tasks/admission.py): which waiting compile gets the next token, without
+"""The run's admission policy (tasks/engine/admission.py): which waiting compile gets the next token, without
 a broker, a socket or a process."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tasks.admission import Expect, Running, Waiter, choose, priority, reserved
+from tasks.engine.admission import Expect, Running, Waiter, choose, priority, reserved
 
 
 def _next(

@@ -11,11 +11,12 @@ from typing import Any
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
-from tasks import provenance, sbom, verify
-from tasks.lockfile import Package, Source, Submodule, load_lock
-from tasks.manifest import WheelRecord, parse_manifest
-from tasks.treehash import file_sha256
-from tasks.wheelnorm import normalize_wheel
+from tasks.core.treehash import file_sha256
+from tasks.lock.lockfile import Package, Source, Submodule, load_lock
+from tasks.stages import provenance, sbom
+from tasks.store.manifest import WheelRecord, parse_manifest
+from tasks.store.wheelnorm import normalize_wheel
+from tasks.verify import checks
 
 C1, C2, C3 = "1" * 40, "2" * 40, "3" * 40
 FINGERPRINT = {
@@ -233,14 +234,14 @@ def test_tampered_wheel_fails_the_provenance_check(tmp_path: Path) -> None:
             ],
         }
     )
-    assert verify._check_provenance(house, manifest).status == "PASS"
+    assert checks._check_provenance(house, manifest).status == "PASS"
 
     data = bytearray(whl.read_bytes())
     data[40] ^= 0x01
     whl.write_bytes(bytes(data))
     problems = provenance.check_statements(house, [whl.name])
     assert len(problems) == 1 and problems[0].startswith(f"{whl.name}: sha256 {file_sha256(whl)[:16]}")
-    row = verify._check_provenance(house, manifest)
+    row = checks._check_provenance(house, manifest)
     assert row.status == "FAIL" and "do not install" in row.detail
 
     path.write_text(json.dumps({"_type": "https://in-toto.io/Statement/v0.1", "subject": [], "predicateType": "x"}))

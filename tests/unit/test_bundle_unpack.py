@@ -1,4 +1,4 @@
-"""Unbundling checks every member before writing and each file's bytes while streaming (tasks/bundle.py)."""
+"""Unbundling checks every member before writing and each file's bytes while streaming (tasks/image/bundle.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks import bundle, bundle_unpack
-from tasks.errors import BundleError
-from tasks.treehash import file_sha256
+from tasks.core.errors import BundleError
+from tasks.core.treehash import file_sha256
+from tasks.image import bundle
+from tasks.outside import unbundle
 
 
 def _bundle(tmp_path: Path) -> Path:
@@ -107,11 +108,11 @@ def test_sums_inside_the_bundle_do_not_protect_it_only_its_sha256_does(
     assert not (tmp_path / "dest2").exists()
 
 
-UNPACKER = Path(bundle_unpack.__file__)
+UNPACKER = Path(unbundle.__file__)
 
 
 def test_the_unpacker_imports_only_the_standard_library_and_parses_as_python_3_8() -> None:
-    """It runs on the air-gapped host: python3 (3.8 or newer) and nothing installed (tasks/bundle_unpack.py)."""
+    """It runs on the air-gapped host: python3 (3.8 or newer) and nothing installed (tasks/outside/unbundle.py)."""
     tree = ast.parse(UNPACKER.read_text(), feature_version=(3, 8))
     imported = set()
     for node in ast.walk(tree):
@@ -125,7 +126,7 @@ def test_the_unpacker_imports_only_the_standard_library_and_parses_as_python_3_8
 
 def _instruction_argv(python: str, bundle_file: Path, dest: Path) -> list[str]:
     """The printed instruction (tasks/bundle_unpack.instruction) as argv, run with ``python``."""
-    words = shlex.split(bundle_unpack.instruction(str(bundle_file), str(dest)))
+    words = shlex.split(unbundle.instruction(str(bundle_file), str(dest)))
     assert words[0] == "python3" and words[1] == "-c", words
     return [python, *words[1:]]
 
@@ -145,7 +146,7 @@ def test_the_bundle_carries_its_unpacker_and_the_printed_instruction_works_with_
     carried = site / made.name
     carried.write_bytes(made.read_bytes())
     with tarfile.open(carried) as tar:
-        assert tar.extractfile(f"{bundle.TOP}/{bundle_unpack.NAME}").read() == UNPACKER.read_bytes()  # type: ignore[union-attr]
+        assert tar.extractfile(f"{bundle.TOP}/{unbundle.NAME}").read() == UNPACKER.read_bytes()  # type: ignore[union-attr]
     argv = _instruction_argv(sys.executable, Path(made.name), Path("stack"))
     res = _stdlib_only_run([argv[0], "-I", "-S", *argv[1:]], site)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -160,7 +161,7 @@ def test_the_bundle_carries_its_unpacker_and_the_printed_instruction_works_with_
                 data = b"WHEEL BYTES"
             tout.addfile(info, io.BytesIO(data) if data is not None else None)
     res = _stdlib_only_run([sys.executable, "-I", "-S", *_instruction_argv("", Path("bad.tar"), Path("x"))[1:]], site)
-    assert res.returncode == BundleError.exit_code == bundle_unpack.REFUSED, res.stdout + res.stderr
+    assert res.returncode == BundleError.exit_code == unbundle.REFUSED, res.stdout + res.stderr
     assert "sha256 differs: wheels/a-1.0-py3-none-any.whl" in res.stderr and not (site / "x").exists()
 
 

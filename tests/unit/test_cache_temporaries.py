@@ -1,6 +1,6 @@
 """The cache's temporary trees: held by their run, removed by a later one once that run is gone.
 
-Real processes hold them (tasks.cache.temporary_dir in a child Python), and are killed with SIGKILL.
+Real processes hold them (tasks.store.cache.temporary_dir in a child Python), and are killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.cache import Cache, sweep, temporary_dir
+from tasks.store.cache import Cache, sweep, temporary_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from tasks.cache import temporary_dir
+from tasks.store.cache import temporary_dir
 with temporary_dir(Path(sys.argv[1]), sys.argv[2]) as tmp:
     (tmp / "partial").write_bytes(b"x" * 1000)
     print(tmp, flush=True)
@@ -78,7 +78,7 @@ def test_a_fresh_tree_is_never_taken_by_a_sweep_that_runs_meanwhile(tmp_path: Pa
     parent = tmp_path / "tmp"
     parent.mkdir()
     sweeper = subprocess.Popen(
-        [sys.executable, "-c", "import sys, pathlib\nfrom tasks.cache import sweep\n"
+        [sys.executable, "-c", "import sys, pathlib\nfrom tasks.store.cache import sweep\n"
          "while True: sweep(pathlib.Path(sys.argv[1]))", str(parent)],
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The venv's ``doit`` (tasks/cli.py): doit's start-up trimmed, its behaviour unchanged."""
+"""The venv's ``doit`` (tasks/cli/main.py): doit's start-up trimmed, its behaviour unchanged."""
 
 from __future__ import annotations
 
@@ -16,17 +16,18 @@ import doit.plugin
 import pytest
 from conftest import require
 
-from tasks import cli, startup
+from tasks.cli import main
+from tasks.core import startup
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_task_creators_keep_their_order(monkeypatch: pytest.MonkeyPatch) -> None:
     # doit orders the creators by the line they start on; the code object's line is that line.
-    namespace = runpy.run_path(str(REPO / "tasks" / "graph.py"), run_name="graph_under_test")
+    namespace = runpy.run_path(str(REPO / "tasks" / "cli" / "graph.py"), run_name="graph_under_test")
     monkeypatch.setattr(doit.loader, "inspect", inspect)
     before = [(name, line) for name, _, line in doit.loader._get_task_creators(namespace, [])]
-    cli.fast_start()
+    main.fast_start()
     assert doit.loader.inspect is not inspect  # doit no longer reads the creators' source
     after = [(name, line) for name, _, line in doit.loader._get_task_creators(namespace, [])]
     assert after == before and len(after) >= 10
@@ -43,7 +44,7 @@ def test_plugins_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.metadata, "entry_points", counted)
     monkeypatch.setattr(doit.loader, "inspect", inspect)  # fast_start runs again
     monkeypatch.setattr(doit.plugin, "entry_points_impl", doit.plugin.entry_points_impl)
-    cli.fast_start()
+    main.fast_start()
     for category in ("COMMAND", "LOADER", "REPORTER", "BACKEND"):
         doit.plugin.PluginDict().add_plugins({}, category)
     assert len(reads) == 1
@@ -53,14 +54,14 @@ def test_the_venvs_doit_is_ours_and_runs_doit() -> None:
     script = Path(sys.executable).parent / "doit"
     if not script.is_file():
         require(f"no doit script beside {sys.executable}")
-    assert "tasks.cli" in script.read_text(), f"{script} is not the project's (pip install -e . writes it)"
+    assert "tasks.cli.main" in script.read_text(), f"{script} is not the project's (pip install -e . writes it)"
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[0] == ".".join(map(str, doit.__version__))
 
 
 def _reprostack(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The installed command's entry point (pyproject.toml: reprostack = tasks.cli:reprostack), run in ``cwd``."""
-    code = "import sys; from tasks.cli import reprostack; sys.argv[0] = 'reprostack'; reprostack()"
+    """The installed command's entry point (pyproject.toml: reprostack = tasks.cli.main:reprostack), run in ``cwd``."""
+    code = "import sys; from tasks.cli.main import reprostack; sys.argv[0] = 'reprostack'; reprostack()"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("REPRO_")}
     return subprocess.run(
         [sys.executable, "-c", code, *args],
@@ -98,7 +99,7 @@ def test_reprostack_works_in_the_directory_it_runs_in(tmp_path: Path) -> None:
 
 
 def test_the_tasks_a_command_line_asks_for() -> None:
-    """Only `unbundle` asked for: no task creator that reads the lock is loaded (tasks/dodo.py)."""
+    """Only `unbundle` asked for: no task creator that reads the lock is loaded (tasks/cli/dodo.py)."""
     assert startup.requested_tasks(["-n", "2", "unbundle", "bundle=x.tar", "dest=y"]) == {"unbundle"}
     assert startup.requested_tasks(["run", "-f", "dodo.py", "-d", "ws", "unbundle"]) == {"unbundle"}
     assert startup.requested_tasks(["wheels", "profile=quick"]) == {"wheels"}
@@ -108,8 +109,8 @@ def test_the_tasks_a_command_line_asks_for() -> None:
 
 def test_workspace_settings_nested_too_deeply_are_one_error(tmp_path: Path) -> None:
     """A reprostack.toml nested 50 000 deep is one ReproError naming the file (tomllib raised RecursionError)."""
-    from tasks.errors import ReproError
-    from tasks.settings import workspace_defaults
+    from tasks.core.errors import ReproError
+    from tasks.core.settings import workspace_defaults
 
     (tmp_path / "reprostack.toml").write_text("lock = " + "[" * 50_000 + "]" * 50_000 + "\n")
     with pytest.raises(ReproError, match="nested too deeply"):
@@ -118,13 +119,13 @@ def test_workspace_settings_nested_too_deeply_are_one_error(tmp_path: Path) -> N
 
 def test_the_tools_wheel_is_not_written_from_metadata_older_than_pyproject(tmp_path: Path) -> None:
     """An editable install made before pyproject.toml gained a command gave a tool wheel without it."""
-    from tasks.errors import ReproError
-    from tasks.selfwheels import _check_current
+    from tasks.core.errors import ReproError
+    from tasks.image.selfwheels import _check_current
 
     dist = importlib.metadata.distribution("reprostack")
     _check_current(dist, REPO / "pyproject.toml")  # this checkout's install is current
     text = (REPO / "pyproject.toml").read_text()
-    newer = text.replace("[project.scripts]\n", '[project.scripts]\nreprostack-new = "tasks.cli:main"\n')
+    newer = text.replace("[project.scripts]\n", '[project.scripts]\nreprostack-new = "tasks.cli.main:main"\n')
     (tmp_path / "pyproject.toml").write_text(newer)
     with pytest.raises(ReproError, match=r"commands reprostack-new.*bootstrap\.sh"):
         _check_current(dist, tmp_path / "pyproject.toml")
@@ -136,7 +137,7 @@ def test_the_tools_wheels_say_which_pythons_they_install_on(tmp_path: Path) -> N
     host with another Python is not first told by pip's "no matching distribution"."""
     import zipfile
 
-    from tasks.selfwheels import write_tool_wheels
+    from tasks.image.selfwheels import write_tool_wheels
 
     lines = write_tool_wheels(tmp_path / "tool")
     bound = {}

@@ -1,4 +1,4 @@
-"""tasks/closure.py's pure parts and its store: requirements met by a closure, a stored wheel checked again."""
+"""tasks/env/closure.py's pure parts and its store: requirements met by a closure, a stored wheel checked again."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from make_fixtures import write_wheel
 
-from tasks.closure import Pin, Target, fetch, unmet
-from tasks.errors import VerificationError
-from tasks.treehash import file_sha256
+from tasks.core.errors import VerificationError
+from tasks.core.treehash import file_sha256
+from tasks.env.closure import Pin, Target, fetch, unmet
 
 TARGET = Target("3.11")
 

@@ -1,4 +1,4 @@
-"""The cluster's pure parts (tasks/cluster.py): where a compile goes, what a node's toolchain differs in,
+"""The cluster's pure parts (tasks/engine/cluster.py): where a compile goes, what a node's toolchain differs in,
 what a compile asks for; the gate's half that runs a compile on a node; the address a run takes.
 tests/integration/test_cluster.py builds on a real Ray cluster."""
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks import gate, reproducible
-from tasks.cluster import Node, choose_node, differences, nvcc_threads
-from tasks.errors import ReproError
-from tasks.settings import cluster_address
+from tasks.core.errors import ReproError
+from tasks.core.settings import cluster_address
+from tasks.engine.cluster import Node, choose_node, differences, nvcc_threads
+from tasks.env import reproducible
+from tasks.outside import gate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,14 +130,14 @@ def test_the_address_comes_from_cluster_else_ray_address() -> None:
 
 
 def test_a_local_build_does_not_import_ray() -> None:
-    """Ray is imported only inside tasks/cluster.py's functions, which run only with a cluster address."""
+    """Ray is imported only inside tasks/engine/cluster.py's functions, which run only with a cluster address."""
     for path in sorted((REPO / "tasks").rglob("*.py")):
         tree = ast.parse(path.read_text())
         top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
         names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
         assert not [m for m in names if m == "ray" or m.startswith("ray.")], path
-    code = "import sys, tasks.dodo, tasks.cluster, tasks.jobserver; print('ray' in sys.modules)"
+    code = "import sys, tasks.cli.dodo, tasks.engine.cluster, tasks.engine.jobserver; print('ray' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin", "REPRO_LOCK": "examples/example.lock"})  # fmt: skip
     assert res.stdout.strip().splitlines()[-1] == "False", res.stdout + res.stderr

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import compilers
-from tasks.errors import BuildError
-from tasks.timeline import Outcome, report
+from tasks.core.errors import BuildError
+from tasks.engine.timeline import Outcome, report
+from tasks.env import compilers
 
 
 def test_names_cover_this_python_the_environment_and_target_prefixed_gcc() -> None:
@@ -45,7 +45,7 @@ def test_a_temporary_directory_with_spaces_is_refused_in_one_line(tmp_path: Path
     spaced = tmp_path / "tmp dir"
     spaced.mkdir()
     script = (
-        "from pathlib import Path; from tasks import compilers\n"
+        "from pathlib import Path; from tasks.env import compilers\n"
         f"compilers.spaceless_dir(Path({str(tmp_path / 'My Builds')!r}), 't-')\n"
     )
     env = {**os.environ, "TMPDIR": str(spaced)}

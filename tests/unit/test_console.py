@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import sys, threading
-from tasks import console
+from tasks.core import console
 console.install()
 def go(n):
     for i in range(500):

@@ -6,10 +6,10 @@ import re
 import tomllib
 from pathlib import Path
 
-from tasks import errors
-from tasks.cli import variable_docs
-from tasks.lockfile import ENV_PLACEHOLDERS, arch_env
-from tasks.settings import VARIABLES
+from tasks.cli.main import variable_docs
+from tasks.core import errors
+from tasks.core.settings import VARIABLES
+from tasks.lock.lockfile import ENV_PLACEHOLDERS, arch_env
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "tasks.md"
 
@@ -49,7 +49,7 @@ def test_the_placeholder_values_in_the_guide_are_the_codes() -> None:
 
 
 def test_help_lists_every_variable_with_its_meaning() -> None:
-    """`doit help` / `reprostack help` print each variable's meaning from tasks/settings.py's table."""
+    """`doit help` / `reprostack help` print each variable's meaning from tasks/core/settings.py's table."""
     docs = variable_docs()
     assert set(docs) == set(VARIABLES), set(docs) ^ set(VARIABLES)
     assert all(docs.values()) and "``" not in "".join(docs.values())

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks import compilers, gate
-from tasks.admission import Expect, Plan
-from tasks.gate import Unit, unit_name
-from tasks.jobserver import load_memory, memory_record, record_memory
+from tasks.engine.admission import Expect, Plan
+from tasks.engine.jobserver import load_memory, memory_record, record_memory
+from tasks.env import compilers
+from tasks.outside import gate
+from tasks.outside.gate import Unit, unit_name
 
 
 def test_a_unit_is_named_by_its_output_as_ninja_logs_it() -> None:
@@ -22,7 +23,7 @@ def test_a_unit_is_named_by_its_output_as_ninja_logs_it() -> None:
 
 
 def test_the_gate_marks_its_compilers_by_the_name_the_escape_watch_looks_for() -> None:
-    # tasks/gate.py imports nothing of tasks/, and the no-op path does not import the gate: two definitions.
+    # tasks/outside/gate.py imports nothing of tasks/, and the no-op path does not import the gate: two definitions.
     assert gate.ENV_GATED == compilers.GATED_MARK
 
 

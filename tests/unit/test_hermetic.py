@@ -10,13 +10,13 @@ import pytest
 from fake_wheels import make_wheel, publish_fake_toolchain, write_simple_index
 from fake_wheels import sha256 as file_sha
 
-from tasks import pypi
-from tasks.cache import Cache
-from tasks.errors import LockError, VerificationError
-from tasks.hermetic import Hermetic, install_command, key_section, mirror_wheels, set_sha256, wheel_fits
-from tasks.keys import key_document
-from tasks.lockcmd import lock_hermetic
-from tasks.lockfile import Package, Source, WheelPin, load_lock
+from tasks.cli.lockcmd import lock_hermetic
+from tasks.core.errors import LockError, VerificationError
+from tasks.env.hermetic import Hermetic, install_command, key_section, mirror_wheels, set_sha256, wheel_fits
+from tasks.lock import pypi
+from tasks.lock.keys import key_document
+from tasks.lock.lockfile import Package, Source, WheelPin, load_lock
+from tasks.store.cache import Cache
 
 NVCC = WheelPin(name="nvidia-cuda-nvcc", version="13.0.88", hashes=("a" * 64,))
 NVVM = WheelPin(name="nvidia-nvvm", version="13.0.88", hashes=("b" * 64,))

@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 
-from tasks.builder import BUILD_ENV, Builder, build_env, run_arguments
-from tasks.errors import LockError, ReproError
-from tasks.image import (
+from tasks.cli.oci import is_loopback, manifest_url, parse_challenge, split_update
+from tasks.core.errors import LockError, ReproError
+from tasks.core.imageref import label_key, parse_reference
+from tasks.core.settings import load_settings
+from tasks.env.build_container import BUILD_ENV, Builder, build_env, run_arguments
+from tasks.image.image import (
     BasePin,
     Plan,
     Wheelhouse,
@@ -24,12 +27,9 @@ from tasks.image import (
     plan_config,
     wheelhouse_problems,
 )
-from tasks.imageref import label_key, parse_reference
-from tasks.keys import action_key, canonical_json
-from tasks.keys import key_document as action_key_document
-from tasks.lockfile import ImageSpec, Package, Source, parse_lock
-from tasks.registry import is_loopback, manifest_url, parse_challenge, split_update
-from tasks.settings import load_settings
+from tasks.lock.keys import action_key, canonical_json
+from tasks.lock.keys import key_document as action_key_document
+from tasks.lock.lockfile import ImageSpec, Package, Source, parse_lock
 
 DIGEST = "sha256:" + "c" * 64
 
@@ -188,7 +188,8 @@ def test_image_env_and_volumes_parse_and_every_bad_one_is_reported() -> None:
 
 
 def test_the_image_config_carries_the_locks_env_and_volumes() -> None:
-    """What `doit image` writes as the config (tasks/image.py plan_config) from a lock's [image] env and volumes."""
+    """What `doit image` writes as the config (tasks/image/image.py plan_config) from a lock's [image] env
+    and volumes."""
     table = {"base": "a/b:1", "env": CACHE_ENV, "volumes": ["/var/cache/torch-compile"]}
     spec = parse_lock(lock_doc(image=table), path=Path("l.lock"), check_files=False).image
     assert spec is not None

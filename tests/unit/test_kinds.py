@@ -1,4 +1,4 @@
-"""The source-kind registry (tasks/kinds.py): an unknown kind is an error everywhere, never pypi."""
+"""The source-kind registry (tasks/lock/kinds.py): an unknown kind is an error everywhere, never pypi."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from tasks import kinds, provenance, sbom
-from tasks.errors import LockError
-from tasks.lockfile import Source, parse_lock
+from tasks.core.errors import LockError
+from tasks.lock import kinds
+from tasks.lock.lockfile import Source, parse_lock
+from tasks.stages import provenance, sbom
 
 
 def test_an_unknown_kind_is_a_lock_error_never_pypi() -> None:
@@ -37,7 +38,7 @@ def test_a_plugin_module_that_is_not_there_is_named(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_plugin_may_not_replace_a_kind(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kinds.PLUGINS_VAR, "tasks.kinds")  # a module whose SOURCE_KINDS is missing
+    monkeypatch.setenv(kinds.PLUGINS_VAR, "tasks.lock.kinds")  # a module whose SOURCE_KINDS is missing
     with pytest.raises(LockError, match="must define SOURCE_KINDS"):
         kinds.registry()
     monkeypatch.setattr(kinds, "SOURCE_KINDS", [kinds.Git()], raising=False)

@@ -1,4 +1,4 @@
-"""The image's own layer, config and docker-archive (tasks/layer.py): the same tree gives the same bytes."""
+"""The image's own layer, config and docker-archive (tasks/image/layer.py): the same tree gives the same bytes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tasks.layer import (
+from tasks.image.layer import (
     DEFAULT_PATH,
     base_history,
     config_bytes,

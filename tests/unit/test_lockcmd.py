@@ -1,10 +1,10 @@
-"""`doit lock` writes into the lock's TOML document in place (tasks/lockcmd.py)."""
+"""`doit lock` writes into the lock's TOML document in place (tasks/cli/lockcmd.py)."""
 
 from __future__ import annotations
 
 import tomlkit
 
-from tasks.lockcmd import set_key
+from tasks.cli.lockcmd import set_key
 
 LOCK = """[sources.a]
 kind = "git"

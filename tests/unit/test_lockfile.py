@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tasks.errors import LockError
-from tasks.lockfile import WheelPin, arch_env, expand_env, load_lock, parse_lock
+from tasks.core.errors import LockError
+from tasks.lock.lockfile import WheelPin, arch_env, expand_env, load_lock, parse_lock
 
 SHA1 = "a" * 40
 SHA256 = "b" * 64
@@ -272,7 +272,7 @@ def test_hermetic_toolchain_problems_are_all_reported() -> None:
 
 
 def test_budget_counts_only_the_packages_named_by_build_targets() -> None:
-    from tasks.context import requested_builds
+    from tasks.stages.context import requested_builds
 
     names = {"grouped_gemm", "flash_attn_3"}
     assert requested_builds(["build:grouped_gemm", "lock=x.lock", "mirror=/m"], names) == {"grouped_gemm"}

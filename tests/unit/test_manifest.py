@@ -1,4 +1,5 @@
-"""wheels/manifest.json: written by tasks/manifest.py's writer, read back by its readers (tasks/manifest.py)."""
+"""wheels/manifest.json: written by tasks/store/manifest.py's writer, read back by its readers
+(tasks/store/manifest.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks import manifest
-from tasks.errors import ReproError
-from tasks.fsutil import write_atomic
-from tasks.manifest import MANIFEST_FILE, MANIFEST_FORMAT, WheelRecord
+from tasks.core.errors import ReproError
+from tasks.core.fsutil import write_atomic
+from tasks.store import manifest
+from tasks.store.manifest import MANIFEST_FILE, MANIFEST_FORMAT, WheelRecord
 
 RECORDS = (
     WheelRecord(
@@ -48,7 +49,7 @@ RECORDS = (
 
 
 def _write(wheels: Path, records: tuple[WheelRecord, ...] = RECORDS) -> None:
-    """As tasks/wheelhouse.py's ``assemble`` writes it."""
+    """As tasks/stages/wheelhouse.py's ``assemble`` writes it."""
     text = manifest.render(
         records,
         lock="sources.lock",

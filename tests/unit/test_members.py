@@ -1,4 +1,4 @@
-"""Member checks of archives, git trees and bundles (tasks/members.py) and the extraction built on them."""
+"""Member checks of archives, git trees and bundles (tasks/core/members.py) and the extraction built on them."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from tasks import archive, members, sources
-from tasks.errors import VerificationError
-from tasks.lockfile import Package
-from tasks.members import DIRECTORY, FILE, SYMLINK, Member, UnsafeMember
-from tasks.stage import stage_package
-from tasks.treehash import tree_sha256
+from tasks.core import archive, members
+from tasks.core.errors import VerificationError
+from tasks.core.members import DIRECTORY, FILE, SYMLINK, Member, UnsafeMember
+from tasks.core.treehash import tree_sha256
+from tasks.lock import fetch
+from tasks.lock.lockfile import Package
+from tasks.stages.patch import stage_package
 
 
 @pytest.mark.parametrize(
@@ -216,7 +217,7 @@ def test_cached_tree_and_staging_follow_links_through_each_other(tmp_path: Path)
     (tree / "deep" / "l").symlink_to("..")
     (tree / "secret.txt").symlink_to(chain)
     assert (tree / "secret.txt").read_text() == "the host's"  # what a build would read
-    problem = sources.tree_problem(tree, tree_sha256(tree))
+    problem = fetch.tree_problem(tree, tree_sha256(tree))
     assert problem is not None and f"link out of the tree: secret.txt -> {chain}" in problem
     # Each tree alone is safe; together, `main/leak` climbs out through the overlay's `x -> .`
     # (each `ov/x/..` goes nowhere, so the 30 `..` leave the staged tree).
@@ -228,7 +229,7 @@ def test_cached_tree_and_staging_follow_links_through_each_other(tmp_path: Path)
     (main / "leak").symlink_to(leak)
     (overlay / "x").symlink_to(".")
     for alone in (main, overlay):
-        assert sources.tree_problem(alone, tree_sha256(alone)) is None
+        assert fetch.tree_problem(alone, tree_sha256(alone)) is None
     pkg = Package(name="pkg", source="main", overlays=(("ov", "overlay"),))
     dest = tmp_path / "stage"
     with pytest.raises(VerificationError, match=f"symbolic link out of the tree: leak -> {leak}; refusing"):

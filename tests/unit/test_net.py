@@ -1,4 +1,4 @@
-"""tasks/net.py against a real HTTP server on loopback: REPRO_NET_TIMEOUT reaches the registry's requests,
+"""tasks/core/net.py against a real HTTP server on loopback: REPRO_NET_TIMEOUT reaches the registry's requests,
 and the remote cache's session tries a failing request 3 times, 0.5 s and 1 s apart."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks import net
-from tasks.errors import ImageError
-from tasks.imageref import parse_reference
-from tasks.registry import resolve_digest
-from tasks.remote import HttpStore, RemoteUnavailable
+from tasks.cli.oci import resolve_digest
+from tasks.core import net
+from tasks.core.errors import ImageError
+from tasks.core.imageref import parse_reference
+from tasks.store.remote import HttpStore, RemoteUnavailable
 
 
 class _Server(ThreadingHTTPServer):

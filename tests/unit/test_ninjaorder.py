@@ -1,11 +1,11 @@
-"""Reordering a ninja manifest's build edges, longest first (tasks/ninjaorder.py)."""
+"""Reordering a ninja manifest's build edges, longest first (tasks/outside/ninjaorder.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tasks import ninjaorder
+from tasks.outside import ninjaorder
 
 MANIFEST = """\
 ninja_required_version = 1.3

@@ -1,4 +1,4 @@
-"""One way out: tasks/proc.py starts every subprocess, tasks/net.py makes every HTTP request
+"""One way out: tasks/core/proc.py starts every subprocess, tasks/core/net.py makes every HTTP request
 (../shared/ARCHITECTURE-REVIEW.md, "Verdict" 5).
 
 Read with ``ast``: no module of tasks/ but proc.py imports ``subprocess`` or names it, and no module but
@@ -20,8 +20,7 @@ TASKS = Path(__file__).resolve().parents[2] / "tasks"
 #: proc.py, and the files that run elsewhere with the standard library only (test_standalone.py), so start
 #: their own processes where they need any (preflight.py's probe, gate.py's compiler through fork and exec).
 ALLOWED = frozenset(
-    {"proc.py", "gate.py", "verify_runner.py", "preflight.py", "bundle_unpack.py", "capture_base.py"}
-    | {"ninjaorder.py", "smoke/*.py"}
+    {"core/proc.py", "outside/*.py", "outside/smoke/*.py"}
 )
 #: What else starts a process: os's functions of these names (os.fork, os.execvp, os.posix_spawn, ...).
 OS_STARTS = ("system", "popen", "fork", "exec", "spawn", "posix_spawn")
@@ -54,7 +53,7 @@ def _modules() -> list[Path]:
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(TASKS).as_posix())
 def test_no_subprocess_outside_proc(path: Path) -> None:
     uses = subprocess_uses(ast.parse(path.read_text(), str(path)))
-    assert not uses, f"{path} starts processes itself; use tasks/proc.py (query, stream, run_logged, run): {uses}"
+    assert not uses, f"{path} starts processes itself; use tasks/core/proc.py (query, stream, run_logged, run): {uses}"
 
 
 def test_the_allowed_files_exist() -> None:
@@ -72,7 +71,7 @@ def test_the_check_can_fail() -> None:
         "3: os.system",
     ]
     assert subprocess_uses(ast.parse("import os\nos.execvp('x', ['x'])\nos.path.join('a')\n")) == ["2: os.execvp"]
-    assert _allowed(TASKS / "smoke" / "apex.py") and not _allowed(TASKS / "verify.py")
+    assert _allowed(TASKS / "outside" / "smoke" / "apex.py") and not _allowed(TASKS / "verify" / "checks.py")
     assert subprocess_uses(ast.parse("PROBE = 'import subprocess; subprocess.run([1])'\n")) == []
 
 
@@ -80,9 +79,9 @@ def test_the_check_can_fail() -> None:
 
 #: The files that run elsewhere with the standard library only, which cannot import net.py.
 NET_ALLOWED = frozenset(
-    {"net.py", "gate.py", "verify_runner.py", "preflight.py", "bundle_unpack.py", "capture_base.py", "smoke/*.py"}
+    {"core/net.py", "outside/*.py", "outside/smoke/*.py"}
 )
-#: What sends a request outside a session of tasks/net.py.
+#: What sends a request outside a session of tasks/core/net.py.
 REQUESTS_CALLS = frozenset({"get", "post", "put", "head", "patch", "delete", "options", "request", "Session"})
 
 
@@ -96,7 +95,7 @@ def _dotted(node: ast.expr) -> str:
 
 
 def http_uses(tree: ast.AST) -> list[str]:
-    """Where ``tree`` makes an HTTP request of its own (``line: what``), outside tasks/net.py's sessions."""
+    """Where ``tree`` makes an HTTP request of its own (``line: what``), outside tasks/core/net.py's sessions."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -124,7 +123,7 @@ def _net_allowed(path: Path) -> bool:
 )
 def test_no_http_request_outside_net(path: Path) -> None:
     uses = http_uses(ast.parse(path.read_text(), str(path)))
-    assert not uses, f"{path} makes HTTP requests itself; use tasks/net.py (session, download, timeout): {uses}"
+    assert not uses, f"{path} makes HTTP requests itself; use tasks/core/net.py (session, download, timeout): {uses}"
 
 
 def test_the_net_allowed_files_exist() -> None:
@@ -146,12 +145,14 @@ def test_the_http_check_can_fail() -> None:
         "1: from urllib.request import urlopen",
         "2: from requests import head",
     ]
-    # Sessions of tasks/net.py, requests' exceptions and types, and a request in a string are fine.
+    # Sessions of tasks/core/net.py, requests' exceptions and types, and a request in a string are fine.
     fine = (
         "from tasks import net\nimport requests\nnet.session(trust_env=True).get('u')\n"
         "requests.RequestException\nX = 'requests.get(1)'\n"
     )
     assert http_uses(ast.parse(fine)) == []
     assert (
-        _net_allowed(TASKS / "net.py") and not _net_allowed(TASKS / "pypi.py") and not _net_allowed(TASKS / "remote.py")
+        _net_allowed(TASKS / "core" / "net.py")
+        and not _net_allowed(TASKS / "lock" / "pypi.py")
+        and not _net_allowed(TASKS / "store" / "remote.py")
     )

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from tasks.keys import action_key, canonical_json
-from tasks.plan import (
+from tasks.cli.plan import (
     BUILD,
     REMOTE,
     SCHEMA,
@@ -29,7 +28,8 @@ from tasks.plan import (
     split_units,
     to_json,
 )
-from tasks.remote import history_key, read_history
+from tasks.lock.keys import action_key, canonical_json
+from tasks.store.remote import history_key, read_history
 
 
 def doc(**changes: Any) -> dict[str, Any]:
@@ -275,8 +275,8 @@ def test_the_text_names_the_package_its_changes_and_the_bytes(tmp_path: Path) ->
 
 @pytest.mark.parametrize("bad", ["yaml", ""])
 def test_format_takes_text_or_json(bad: str) -> None:
-    from tasks.errors import ReproError
-    from tasks.settings import load_settings
+    from tasks.core.errors import ReproError
+    from tasks.core.settings import load_settings
 
     assert load_settings({"format": "json"}).format == "json"
     with pytest.raises(ReproError, match="format="):
@@ -284,7 +284,7 @@ def test_format_takes_text_or_json(bad: str) -> None:
 
 
 def test_only_a_plan_run_goes_without_the_workspace_lock() -> None:
-    from tasks.graph import only_plan
+    from tasks.cli.graph import only_plan
 
     assert only_plan(["plan"]) and only_plan(["run", "plan", "format=json", "lock=x.lock"])
     assert only_plan(["-n", "4", "--db-file", "other.db", "plan"])

@@ -1,4 +1,4 @@
-"""`doit preflight` (tasks/preflight.py): each check against fixtures: a fake libcuda compiled here, fixture
+"""`doit preflight` (tasks/outside/preflight.py): each check against fixtures: a fake libcuda compiled here, fixture
 wheels with other archs and tags, fixture interpreters holding a torch of another version, CUDA or ABI.
 
 The checker runs as the node runs it: the shipped copy, standalone, in a directory of its own, under a
@@ -22,10 +22,10 @@ import pytest
 from conftest import REPO, require
 from fake_wheels import make_wheel
 
-from tasks import preflight
-from tasks.wheelnorm import normalize_wheel
+from tasks.outside import preflight
+from tasks.store.wheelnorm import normalize_wheel
 
-SOURCE = REPO / "tasks" / "preflight.py"
+SOURCE = REPO / "tasks" / "outside" / "preflight.py"
 TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
 PLATFORM = f"linux_{platform.machine()}"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import proc
-from tasks.errors import ReproError
+from tasks.core import proc
+from tasks.core.errors import ReproError
 
 
 def _fail(tmp_path: Path, script: str) -> str:
@@ -69,8 +69,8 @@ def test_error_lines_are_capped_and_clipped(tmp_path: Path) -> None:
 _WORKER = """
 import os, queue, signal, sys, threading, time
 from pathlib import Path
-from tasks import proc, workspace
-from tasks.errors import ReproError
+from tasks.core import proc, workspace
+from tasks.core.errors import ReproError
 
 work = Path(sys.argv[1])
 proc.install_interrupt_handler()
@@ -248,8 +248,8 @@ def test_stream_talks_to_the_command() -> None:
 _QUERY_WORKER = """
 import os, queue, sys, threading
 from pathlib import Path
-from tasks import proc
-from tasks.errors import ReproError
+from tasks.core import proc
+from tasks.core.errors import ReproError
 
 work = Path(sys.argv[1])
 proc.install_interrupt_handler()

@@ -1,4 +1,4 @@
-"""The process table as tasks/procfs.py reads it, against real processes."""
+"""The process table as tasks/core/procfs.py reads it, against real processes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import time
 
-from tasks import procfs
+from tasks.core import procfs
 
 
 def test_a_process_is_read_with_its_group_session_and_start() -> None:

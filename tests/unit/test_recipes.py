@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.image import INSTALL_SCRIPT
-from tasks.lockfile import load_lock
+from tasks.image.image import INSTALL_SCRIPT
+from tasks.lock.lockfile import load_lock
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 LOCKS = sorted(RECIPES.glob("*.lock"))

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.admission import shard_packages
-from tasks.cache import Cache
-from tasks.errors import ReproError
-from tasks.keys import action_key
-from tasks.objcache import shared_remote
-from tasks.remote import Remote, S3Location, check_record, parse_s3_url
-from tasks.settings import load_settings, parse_shard
+from tasks.core.errors import ReproError
+from tasks.core.settings import load_settings, parse_shard
+from tasks.engine.admission import shard_packages
+from tasks.env.objcache import shared_remote
+from tasks.lock.keys import action_key
+from tasks.store.cache import Cache
+from tasks.store.remote import Remote, S3Location, check_record, parse_s3_url
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,10 +11,11 @@ from pathlib import Path, PurePosixPath
 import pytest
 from conftest import require
 
-from tasks import proc, reproducible
-from tasks.keys import RECIPE_FORMAT, action_key, key_document
-from tasks.lockfile import Package, Source
-from tasks.reproducible import Placement
+from tasks.core import proc
+from tasks.env import reproducible
+from tasks.env.reproducible import Placement
+from tasks.lock.keys import RECIPE_FORMAT, action_key, key_document
+from tasks.lock.lockfile import Package, Source
 
 
 def in_place(stage: Path) -> Placement:

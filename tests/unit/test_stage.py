@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tasks.lockfile import Package
-from tasks.stage import Patch, stage_package
-from tasks.wheelnorm import DEFAULT_EPOCH
+from tasks.lock.lockfile import Package
+from tasks.stages.patch import Patch, stage_package
+from tasks.store.wheelnorm import DEFAULT_EPOCH
 
 PATCH = """Change one file, add another.
 

@@ -16,22 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from tasks.verify_image import KIT_DEPENDENCIES
+from tasks.verify.image import KIT_DEPENDENCIES
 
 TASKS = Path(__file__).resolve().parents[2] / "tasks"
 
 #: Standard library only, no import of the rest of tasks/, and any Python from 3.8 (True) or the doit
 #: process's Python (False); each as its docstring says.
 STDLIB_ONLY = {
-    "gate.py": False,  # runs under `python -IS`, once per compile
-    "ninjaorder.py": False,  # the ninja shim runs it with doit's Python, outside any package
-    "verify_runner.py": True,  # runs under the interpreter being verified
-    "preflight.py": True,  # copied beside the wheels, runs on the target node
-    "bundle_unpack.py": True,  # travels inside the bundle as unbundle.py
-    "capture_base.py": True,  # copied to a cluster node, runs in the base's interpreter
+    "outside/gate.py": False,  # runs under `python -IS`, once per compile
+    "outside/ninjaorder.py": False,  # the ninja shim runs it with doit's Python, outside any package
+    "outside/verify_runner.py": True,  # runs under the interpreter being verified
+    "outside/preflight.py": True,  # copied beside the wheels, runs on the target node
+    "outside/unbundle.py": True,  # travels inside the bundle as unbundle.py
+    "outside/capture_base.py": True,  # copied to a cluster node, runs in the base's interpreter
 }
 #: What a smoke script may import besides the standard library: the copied harness and torch (and the
-#: package it tests, its own name; tasks/smoke/__init__.py).
+#: package it tests, its own name; tasks/outside/smoke/__init__.py).
 SMOKE_ALLOWED = frozenset({"_harness", "torch"})
 #: Standard-library modules that Python 3.8 does not have.
 NEWER_THAN_3_8 = frozenset({"graphlib", "zoneinfo", "tomllib", "_tokenize", "wsgiref.types"})
@@ -83,7 +83,7 @@ def closure(module: str, root: Path = TASKS) -> tuple[set[str], set[str]]:
     """What importing ``module`` and running it loads: the modules of the package at ``root`` and the
     top-level names outside it. ``module``'s own imports count wherever they are; the modules it reaches
     count at module level only (a deferred import there runs only on paths that say so, as
-    tasks/provenance.py's does)."""
+    tasks/stages/provenance.py's does)."""
     package = root.name
     ours: set[str] = set()
     theirs: set[str] = set()
@@ -112,25 +112,31 @@ def test_standard_library_only(name: str) -> None:
     assert not outside(found, py38=py38), f"tasks/{name} runs elsewhere with the standard library only"
 
 
-@pytest.mark.parametrize("path", sorted(TASKS.glob("smoke/*.py")), ids=lambda p: p.name)
+def test_every_module_of_outside_is_held_to_it() -> None:
+    """tasks/outside/ is the package of code that runs elsewhere: each module there is listed above."""
+    found = {p.relative_to(TASKS).as_posix() for p in TASKS.glob("outside/*.py") if p.name != "__init__.py"}
+    assert found == set(STDLIB_ONLY)
+
+
+@pytest.mark.parametrize("path", sorted(TASKS.glob("outside/smoke/*.py")), ids=lambda p: p.name)
 def test_smoke_scripts_import_the_standard_library_torch_and_their_package(path: Path) -> None:
     found = imports(_parse(path))
     assert not outside(found, SMOKE_ALLOWED | {path.stem}), f"{path} runs in the verification venv alone"
 
 
 def test_verify_incontainer_needs_the_standard_library_and_the_kit() -> None:
-    """Inside the image, tasks/ is there and KIT_DEPENDENCIES beside it (tasks/verify_image.py), no more."""
-    ours, theirs = closure("tasks.verify_incontainer")
-    assert "tasks.verify" in ours
-    assert not outside(theirs, KIT_DEPENDENCIES), "tasks.verify_incontainer imports what the image lacks"
+    """Inside the image, tasks/ is there and KIT_DEPENDENCIES beside it (tasks/verify/image.py), no more."""
+    ours, theirs = closure("tasks.verify.incontainer")
+    assert "tasks.verify.checks" in ours
+    assert not outside(theirs, KIT_DEPENDENCIES), "tasks.verify.incontainer imports what the image lacks"
 
 
 def test_python_m_tasks_bundle_needs_the_standard_library() -> None:
-    """``python3 -m tasks.bundle BUNDLE DEST`` (old instructions; tasks/bundle.py) runs from a checkout
+    """``python3 -m tasks.image.bundle BUNDLE DEST`` (old instructions; tasks/image/bundle.py) runs from a checkout
     with a bare python3."""
-    ours, theirs = closure("tasks.bundle")
-    assert "tasks.bundle_unpack" in ours
-    assert not outside(theirs), "tasks.bundle imports beyond the standard library"
+    ours, theirs = closure("tasks.image.bundle")
+    assert "tasks.outside.unbundle" in ours
+    assert not outside(theirs), "tasks.image.bundle imports beyond the standard library"
 
 
 def test_the_checks_can_fail(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.timeline import (
+from tasks.engine.timeline import (
     Outcome,
     Progress,
     Unit,

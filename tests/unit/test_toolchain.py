@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.toolchain import description, fingerprint, probe
+from tasks.env.toolchain import description, fingerprint, probe
 
 
 def _dist(site: Path, name: str, version: str) -> None:
@@ -60,8 +60,8 @@ def test_the_nvcc_used_is_keyed_by_its_resolved_path() -> None:
 
 def test_a_cpu_torch_is_refused_for_a_cuda_package_before_it_builds() -> None:
     """One clear line, without [toolchain] torch_cuda, instead of a NameError deep in upstream's setup.py."""
-    from tasks.lockfile import Toolchain
-    from tasks.toolchain import toolchain_problems, torch_requirement
+    from tasks.env.toolchain import toolchain_problems, torch_requirement
+    from tasks.lock.lockfile import Toolchain
 
     info = {"python": {"python": "3.12.3", "torch": {"version": "2.11.0+cpu", "cuda": None, "cxx11_abi": True}},
             "tools": {"nvcc": "Cuda compilation tools, release 13.0, V13.0.88"}}  # fmt: skip
@@ -95,7 +95,7 @@ def test_a_compiler_setuptools_runs_is_keyed_where_it_is_another_program_than_cc
 def test_the_torch_pin_is_the_installed_distributions_version_not_torch_version() -> None:
     """PyPI's CUDA wheels (and the H100 host's torch) install as 2.11.0 while torch.__version__ says
     2.11.0+cu130: a Requires-Dist on the latter is one pip finds no torch for (seen on that host)."""
-    from tasks.toolchain import torch_requirement
+    from tasks.env.toolchain import torch_requirement
 
     # the shape probe() returns: the interpreter's findings under "python", its distributions beside them
     info = {"python": {"torch": {"version": "2.11.0+cu130", "cuda": "13.0"}}, "dists": {"torch": "2.11.0"}}
@@ -107,7 +107,7 @@ def test_the_torch_pin_is_the_installed_distributions_version_not_torch_version(
 def test_the_probe_pins_the_torch_distribution_pip_sees(tmp_path: Path) -> None:
     """End to end through the real probe: a torch whose module says 9.9.9+cu999 and whose distribution (the
     METADATA pip reads) says 9.9.9, first on PYTHONPATH, is pinned as pip will see it."""
-    from tasks.toolchain import probe, torch_requirement
+    from tasks.env.toolchain import probe, torch_requirement
 
     pkg = tmp_path / "torch"
     pkg.mkdir()

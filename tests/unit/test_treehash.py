@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tasks.treehash import FileFilter, tree_sha256
+from tasks.core.treehash import FileFilter, tree_sha256
 
 
 def make_tree(root: Path) -> None:

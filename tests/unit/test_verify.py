@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks import elfcheck, verify
-from tasks.errors import ReproError, VerifyFailed
-from tasks.manifest import normalize_arch, parse_manifest
-from tasks.verify import DeviceCode
-from tasks.verify_report import Report, Row
+from tasks.core.errors import ReproError, VerifyFailed
+from tasks.store.manifest import normalize_arch, parse_manifest
+from tasks.verify import checks, elfcheck
+from tasks.verify.checks import DeviceCode
+from tasks.verify.report import Report, Row
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "tasks" / "smoke"
+SMOKE = REPO / "tasks" / "outside" / "smoke"
 
 
 # --------------------------------------------------------------------------- report
@@ -81,9 +81,9 @@ def test_report_json_round_trip() -> None:
 
 
 def test_run_verify_raises_verify_failed_with_report_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(verify, "verify_wheelhouse", lambda *a, **k: _report())
+    monkeypatch.setattr(checks, "verify_wheelhouse", lambda *a, **k: _report())
     with pytest.raises(VerifyFailed) as info:
-        verify.run_verify(tmp_path / "wheels", tmp_path / "work")
+        checks.run_verify(tmp_path / "wheels", tmp_path / "work")
     assert str(tmp_path / "work" / "report.txt") in str(info.value)
     assert "repro_cuda arch" in str(info.value)
     assert info.value.exit_code == VerifyFailed.exit_code
@@ -152,10 +152,10 @@ LIST_PTX = "PTX file    1: libk.1.sm_80.ptx\n"
 
 
 def test_parse_cuobjdump_listing() -> None:
-    code = verify.parse_cuobjdump(LIST_ELF, LIST_PTX)
+    code = checks.parse_cuobjdump(LIST_ELF, LIST_PTX)
     assert code.sass == {"sm_90a"}
     assert code.ptx == {"sm_80"}
-    assert verify.describe_device_code(code) == "SASS sm_90a; PTX sm_80"
+    assert checks.describe_device_code(code) == "SASS sm_90a; PTX sm_80"
 
 
 def test_parse_cuobjdump_many_archs_and_dotted_names() -> None:
@@ -163,35 +163,35 @@ def test_parse_cuobjdump_many_archs_and_dotted_names() -> None:
         f"ELF file {i:>4}: flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.{i}.{arch}.cubin"
         for i, arch in enumerate(["sm_80", "sm_90", "sm_90a", "sm_100a"], start=1)
     )
-    code = verify.parse_cuobjdump(listing + "\nELF file    5: weird.cubin\n")
+    code = checks.parse_cuobjdump(listing + "\nELF file    5: weird.cubin\n")
     assert code.sass == {"sm_80", "sm_90", "sm_90a", "sm_100a"}
     assert code.unknown == ("weird.cubin",)
-    assert verify.describe_device_code(code).startswith("SASS sm_80, sm_90, sm_90a, sm_100a")
+    assert checks.describe_device_code(code).startswith("SASS sm_80, sm_90, sm_90a, sm_100a")
 
 
 def test_arch_problems() -> None:
     good = DeviceCode(sass=frozenset({"sm_90a"}))
-    assert verify.arch_problems(good, ["sm_90a"]) == []
-    assert verify.arch_problems(good, ["sm_90a", "sm_80"]) == ["no SASS for sm_80"]
+    assert checks.arch_problems(good, ["sm_90a"]) == []
+    assert checks.arch_problems(good, ["sm_90a", "sm_80"]) == ["no SASS for sm_80"]
     jit = DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_80"}))
-    assert verify.arch_problems(jit, ["sm_90a"]) == ["PTX without SASS for sm_80 (left to PTX JIT)"]
+    assert checks.arch_problems(jit, ["sm_90a"]) == ["PTX without SASS for sm_80 (left to PTX JIT)"]
     ptx_only = DeviceCode(ptx=frozenset({"sm_90a"}))
-    assert verify.arch_problems(ptx_only, ["sm_90a"]) == [
+    assert checks.arch_problems(ptx_only, ["sm_90a"]) == [
         "no SASS for sm_90a",
         "PTX without SASS for sm_90a (left to PTX JIT)",
     ]
     both = DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_90a"}))
-    assert verify.arch_problems(both, ["sm_90a"]) == []
+    assert checks.arch_problems(both, ["sm_90a"]) == []
 
 
 def test_arch_problems_same_family() -> None:
     # sm_90 SASS runs on the sm_90a target's GPU (FA2 builds plain sm_90) ...
-    assert verify.arch_problems(DeviceCode(sass=frozenset({"sm_90"})), ["sm_90a"]) == []
+    assert checks.arch_problems(DeviceCode(sass=frozenset({"sm_90"})), ["sm_90a"]) == []
     # ... and compute_90 PTX beside sm_90a SASS is never JIT-compiled there.
-    assert verify.arch_problems(DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_90"})), ["sm_90a"]) == []
+    assert checks.arch_problems(DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_90"})), ["sm_90a"]) == []
     # Another family's PTX still is.
     lone = DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_100"}))
-    assert verify.arch_problems(lone, ["sm_90a"]) == ["PTX without SASS for sm_100 (left to PTX JIT)"]
+    assert checks.arch_problems(lone, ["sm_90a"]) == ["PTX without SASS for sm_100 (left to PTX JIT)"]
 
 
 def test_find_cuobjdump_in_nvidia_wheel_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,12 +201,12 @@ def test_find_cuobjdump_in_nvidia_wheel_layout(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(sys, "path", [])  # not this interpreter's own wheel
     if Path("/usr/local/cuda/bin/cuobjdump").exists():
         pytest.skip("/usr/local/cuda/bin/cuobjdump exists and takes precedence")
-    assert verify.find_cuobjdump([tmp_path]) is None
+    assert checks.find_cuobjdump([tmp_path]) is None
     tool = tmp_path / "nvidia" / "cu13" / "bin" / "cuobjdump"
     tool.parent.mkdir(parents=True)
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
-    assert verify.find_cuobjdump([tmp_path]) == tool
+    assert checks.find_cuobjdump([tmp_path]) == tool
 
 
 def test_find_cuobjdump_in_the_base_site_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,7 +223,7 @@ def test_find_cuobjdump_in_the_base_site_packages(tmp_path: Path, monkeypatch: p
     if Path("/usr/local/cuda/bin/cuobjdump").exists():
         pytest.skip("/usr/local/cuda/bin/cuobjdump exists and takes precedence")
     monkeypatch.setattr(sys, "path", [str(tmp_path / "venv-site-packages"), str(site)])
-    assert verify.find_cuobjdump() == tool
+    assert checks.find_cuobjdump() == tool
 
 
 # --------------------------------------------------------------------------- names
@@ -246,22 +246,22 @@ EXT = sysconfig.get_config_var("EXT_SUFFIX")
 )
 def test_module_name(relpath: str, want: str | None) -> None:
     suffixes = [EXT, ".abi3.so", ".so"]
-    assert verify.module_name(relpath, suffixes) == want
+    assert checks.module_name(relpath, suffixes) == want
 
 
 def test_module_name_uses_the_target_interpreters_suffix() -> None:
     assert (
-        verify.module_name("pkg/_c.cpython-312-x86_64-linux-gnu.so", [".cpython-312-x86_64-linux-gnu.so"]) == "pkg._c"
+        checks.module_name("pkg/_c.cpython-312-x86_64-linux-gnu.so", [".cpython-312-x86_64-linux-gnu.so"]) == "pkg._c"
     )
-    assert verify.module_name("pkg/_c.cpython-312-x86_64-linux-gnu.so", [".cpython-311-x86_64-linux-gnu.so"]) is None
+    assert checks.module_name("pkg/_c.cpython-312-x86_64-linux-gnu.so", [".cpython-311-x86_64-linux-gnu.so"]) is None
 
 
 def test_shared_object_names() -> None:
-    assert verify.is_shared_object_name("a/libfoo.so")
-    assert verify.is_shared_object_name("a/libcudart.so.13")
-    assert verify.is_shared_object_name("a/libx.so.1.2.3")
-    assert not verify.is_shared_object_name("a/foo.py")
-    assert not verify.is_shared_object_name("a/libfoo.so.txt")
+    assert checks.is_shared_object_name("a/libfoo.so")
+    assert checks.is_shared_object_name("a/libcudart.so.13")
+    assert checks.is_shared_object_name("a/libx.so.1.2.3")
+    assert not checks.is_shared_object_name("a/foo.py")
+    assert not checks.is_shared_object_name("a/libfoo.so.txt")
 
 
 # --------------------------------------------------------------------------- smoke protocol
@@ -278,7 +278,7 @@ def test_parse_smoke_output_ignores_noise() -> None:
         {"check": "gpu", "status": "SKIP", "detail": "no CUDA device"}
         """
     )
-    assert verify.parse_smoke_output(text) == [("vadd", "PASS", "ok"), ("gpu", "SKIP", "no CUDA device")]
+    assert checks.parse_smoke_output(text) == [("vadd", "PASS", "ok"), ("gpu", "SKIP", "no CUDA device")]
 
 
 def test_smoke_scripts_share_the_harness_module() -> None:
@@ -313,7 +313,7 @@ def test_gpu_smoke_scripts_skip_when_gpu_is_off(name: str, tmp_path: Path) -> No
         [sys.executable, str(script)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    rows = verify.parse_smoke_output(done.stdout)
+    rows = checks.parse_smoke_output(done.stdout)
     assert rows, done.stdout
     assert all(status != "PASS" for _, status, _ in rows)
     gpu_rows = [r for r in rows if r[0] not in ("fa3-available", "fa2-version")]
@@ -325,7 +325,7 @@ def test_gpu_smoke_scripts_skip_when_gpu_is_off(name: str, tmp_path: Path) -> No
 
 def test_run_logged_echoes_and_captures(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "x.log"
-    done = verify.run_logged(["sh", "-c", "echo out; echo err >&2; exit 3"], log=log, env=dict(os.environ))
+    done = checks.run_logged(["sh", "-c", "echo out; echo err >&2; exit 3"], log=log, env=dict(os.environ))
     assert done.returncode == 3 and not done.ok
     assert "out" in done.output and "err" in done.output
     text = log.read_text()
@@ -335,7 +335,7 @@ def test_run_logged_echoes_and_captures(tmp_path: Path) -> None:
 
 def test_run_logged_timeout_stops_the_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
-    done = verify.run_logged(
+    done = checks.run_logged(
         ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], log=tmp_path / "t.log", env=dict(os.environ), timeout=1.0
     )
     assert done.timed_out and not done.ok
@@ -357,18 +357,18 @@ def _alive(pid: int) -> bool:
 
 
 def test_signal_text() -> None:
-    assert verify.signal_text(-signal.SIGSEGV) == "killed by signal SIGSEGV"
-    assert verify.signal_text(2) == "exit status 2"
+    assert checks.signal_text(-signal.SIGSEGV) == "killed by signal SIGSEGV"
+    assert checks.signal_text(2) == "exit status 2"
 
 
 def test_child_env_gpu_modes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
     monkeypatch.setenv("REPRO_VERIFY_GPU", "1")
-    env = verify.child_env(tmp_path / "venv", "auto")
+    env = checks.child_env(tmp_path / "venv", "auto")
     assert "PYTHONPATH" not in env and "REPRO_VERIFY_GPU" not in env
     assert env["PATH"].split(os.pathsep)[0] == str(tmp_path / "venv" / "bin")
-    assert verify.child_env(None, "off")["REPRO_VERIFY_GPU"] == "0"
-    assert verify.child_env(None, "on")["REPRO_VERIFY_GPU"] == "1"
+    assert checks.child_env(None, "off")["REPRO_VERIFY_GPU"] == "0"
+    assert checks.child_env(None, "on")["REPRO_VERIFY_GPU"] == "1"
 
 
 # --------------------------------------------------------------------------- elfcheck
@@ -489,7 +489,7 @@ import importlib.util, sys
 spec = importlib.util.spec_from_file_location("_ext", sys.argv[1])
 mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); sys.modules["_ext"] = mod
 if sys.argv[2] == "runner":
-    from tasks.verify_runner import _do_import
+    from tasks.outside.verify_runner import _do_import
     print(_do_import("pkg._ext"))
 else:
     import pkg._ext
@@ -534,7 +534,7 @@ def test_library_named_like_an_extension_without_pyinit_is_not_a_module(tmp_path
     shutil.copy(hook, site / "hook_mode_preload.abi3.so")
     shutil.copy(ext, site / "pkg" / "_ext.abi3.so")
     dist = {"location": str(site), "files": [str(p) for p in sorted(site.rglob("*.so"))], "top_level": ["pkg"]}
-    installed = verify._installed(dist, [".abi3.so", ".so"])
+    installed = checks._installed(dist, [".abi3.so", ".so"])
     assert installed.extension_modules == ("pkg._ext",)
     assert {p.name for p in installed.shared_objects} == {"hook_mode_preload.abi3.so", "_ext.abi3.so"}
 
@@ -555,7 +555,7 @@ def test_provided_version_is_found_behind_another_copy(tmp_path: Path) -> None:
 
     def ask(versions: dict[str, str]) -> dict[str, object]:
         request.write_text(json.dumps({"dists": ["repro-fake"], "versions": versions}))
-        subprocess.run([sys.executable, str(verify.RUNNER), "info", str(request), str(out)], env=env, check=True)
+        subprocess.run([sys.executable, str(checks.RUNNER), "info", str(request), str(out)], env=env, check=True)
         found: dict[str, object] = json.loads(out.read_text())["dists"]["repro-fake"]
         return found
 
@@ -567,7 +567,7 @@ def test_provided_version_is_found_behind_another_copy(tmp_path: Path) -> None:
 
 def test_the_closing_advice_names_the_real_cause() -> None:
     """The environment, the lock's [runtime], the wheelhouse's files or the recipe: not always the recipe."""
-    from tasks.verify import advice
+    from tasks.verify.checks import advice
 
     def fail(package: str, check: str, detail: str) -> Row:
         return Row(package=package, check=check, status="FAIL", detail=detail)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.wheeldiff import compare_wheels, elf_details
+from tasks.verify.wheeldiff import compare_wheels, elf_details
 
 CC = shutil.which("cc") or shutil.which("gcc")
 

@@ -9,13 +9,13 @@ import io
 import zipfile
 from pathlib import Path
 
-from tasks.index import requirements, simple_index, wheel_problem
-from tasks.keys import action_key, key_document
-from tasks.lockfile import Package, Source
-from tasks.manifest import WheelRecord
-from tasks.manifest import render as manifest
-from tasks.stage import failing_hunk
-from tasks.wheelnorm import normalize_wheel
+from tasks.lock.keys import action_key, key_document
+from tasks.lock.lockfile import Package, Source
+from tasks.stages.patch import failing_hunk
+from tasks.store.manifest import WheelRecord
+from tasks.store.manifest import render as manifest
+from tasks.store.simple_index import requirements, simple_index, wheel_problem
+from tasks.store.wheelnorm import normalize_wheel
 
 
 def write_wheel(path: Path, order: list[str], date: tuple[int, ...]) -> None:

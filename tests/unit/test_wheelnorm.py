@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
 from fake_wheels import make_wheel
 
-from tasks.wheelnorm import add_requirements, normalize_wheel
+from tasks.store.wheelnorm import add_requirements, normalize_wheel
 
 
 def _record_ok(wheel: Path) -> None:

@@ -1,0 +1,1 @@
+"""The commands: doit's task graph, the reprostack command, doit lock and doit plan."""

@@ -1,0 +1,863 @@
+"""The doit task graph: thin declarations over the stage modules.
+
+    lock            resolve refs and fill in hashes (the only task that writes the lock)
+    fetch:<source>  source into the verified source cache
+    mirror          export the cached sources (hermetic toolchain wheels, the tool's own) to mirror=DIR, offline use
+    stage:<pkg>     a patched tree under build/stage/ for inspection
+    build:<pkg>     the package's wheel into the wheel cache, under its action key
+    wheels          wheels/ from the cache: wheels, manifest, simple/ index, requirements, SBOM, provenance
+    verify          install the wheelhouse into a scratch venv and check it
+    repro           rebuild packages in a second directory and compare the wheels bit for bit
+    image           the runtime image: pinned base + wheelhouse, tagged <name>:<key12>
+    verify_image    doit verify inside a container of the image
+    export          the image as a docker-archive and an OCI layout, with sha256s
+    bundle          one file for an air-gapped site: wheelhouse, SBOM, image, mirror, SHA256SUMS
+    unbundle        verify a bundle and unpack it (refuses an altered one)
+    plan            what `doit wheels` would do, why, and how long (writes nothing)
+    preflight       the target node checks itself against what the wheels need, before installing
+
+Task creators only read the parsed lock; nothing here touches the network,
+git or a compiler while doit loads or lists tasks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import functools
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from doit.exceptions import TaskFailed
+from doit.reporter import ConsoleReporter
+
+from tasks.core.errors import BundleError, FetchError, LockError, ReproError, debug_enabled
+from tasks.core.fsutil import copy_atomic, rmtree
+from tasks.lock import kinds
+from tasks.lock.schema import format_problems
+from tasks.stages.context import Context
+
+TaskDict = dict[str, Any]
+
+#: What the line of a skipped optional package adds where nvcc is what it lacks.
+SKIP_HINT_NVCC = " (or nvcc from PyPI wheels: [toolchain.hermetic], docs/lock.md)"
+
+#: Every task prints straight to the console, uncaptured. doit's capture swaps
+#: the process-wide sys.stdout for a per-action writer over a StringIO; with
+#: tasks in threads (the default here) two actions then write into one
+#: StringIO at once, which crashed doit with a segfault in about one run of
+#: five of the remote-cache tests. Each build's full output is in its own log.
+CONSOLE: dict[str, Any] = {"verbosity": 2, "io": {"capture": False}}
+
+
+@functools.cache
+def context() -> Context:
+    from tasks.core.proc import install_interrupt_handler
+
+    install_interrupt_handler()
+    try:
+        return Context.load()
+    except ReproError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+
+
+def claim_workspace() -> None:
+    """Take this workspace for the run before doit opens its state database (tasks/core/workspace.py)."""
+    from tasks.core import workspace
+    from tasks.core.settings import load_settings
+
+    if only_plan(sys.argv[1:]):
+        return  # reads only: it may run beside a build
+    try:
+        settings = load_settings()
+    except ReproError:
+        return  # the run reports it (context())
+    try:
+        note = workspace.claim(settings.builddir, sys.argv[1:])
+    except ReproError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    if workspace.current is not None:  # a run that may write the cache: what killed runs left there goes
+        from tasks.store.cache import Cache
+
+        with contextlib.suppress(OSError):  # a cache that cannot be read yet: the run says why
+            removed = Cache(settings.cache).sweep()
+            if removed:
+                print(
+                    f"removed {removed} temporary tree(s) that interrupted runs left in the cache {settings.cache}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+
+#: The exit status the first expected failure asked for (see :func:`guarded`); applied when the process ends.
+_exit_status: list[int] = []
+
+
+def _exit_with_status() -> None:
+    proc = sys.modules.get("tasks.core.proc")
+    signum = proc.stop_signal() if proc is not None else None
+    if signum is not None:  # interrupted: whatever failed, and also when the work still running finished
+        _exit_status[:] = [128 + signum]
+    if _exit_status:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[0])
+
+
+# Registered at import, before any other exit handler of ours, so that it runs last.
+atexit.register(_exit_with_status)
+
+
+#: Expected failures already reported in this run: their text without the package's name -> the first one's.
+_reported: dict[str, str] = {}
+_reported_lock = threading.Lock()
+_SUBJECT = re.compile(r"^(?:package|source) \S+: ")
+
+
+def _once(message: str) -> str:
+    """``message``, or a pointer to the same error reported by an earlier task of this run.
+
+    Parallel tasks hit the same cause (no nvcc, no network, a torch the lock does not expect) at
+    once; the first says it in full, the others in one line.
+    """
+    subject = _SUBJECT.match(message)
+    core = message[subject.end() :] if subject else message
+    with _reported_lock:
+        first = _reported.setdefault(core, message)
+    if first is message:
+        return message
+    before = _SUBJECT.match(first)
+    if before:  # "source apex: the same error as source flash-attention, above"
+        return f"{subject.group(0) if subject else ''}the same error as {before.group(0)[:-2]}, above"
+    return f"{subject.group(0) if subject else ''}the same error as above ({first.splitlines()[0][:120]})"
+
+
+def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from tasks.core import proc
+
+        if proc.stop_signal() is not None:  # no new task after a stop signal (said once, by the handler)
+            return TaskFailed("not started: the run was interrupted", report=False)
+        try:
+            try:
+                fn(*args, **kwargs)
+            except OSError as exc:  # the environment: a full disk, a path that is a file, no permission
+                raise environment_error(exc) from exc
+        except ReproError as exc:
+            if debug_enabled():
+                traceback.print_exc()
+            message = f"{exc.__class__.__name__}: {_once(exc.message)}"
+            # doit runs the task in a worker thread, where SystemExit would not
+            # end the process: fail the task, apply the error's own status at exit
+            # (the first failure's, when several tasks fail).
+            print(message, file=sys.stderr, flush=True)
+            # In an interrupted run, whatever failed failed for the interrupt: the signal's status (Interrupted).
+            signum = proc.stop_signal()
+            code = 128 + signum if signum is not None else exc.exit_code
+            with _reported_lock:
+                if not _exit_status:
+                    _exit_status.append(code)
+            # Said above, once: doit's own report of the failure would repeat it for every task.
+            return TaskFailed(f"{exc.__class__.__name__} (exit status {code})", report=False)
+        return None
+
+    return wrapper
+
+
+def environment_error(exc: OSError) -> ReproError:
+    """One clear line for an operating-system error that reached a task (no traceback)."""
+    where = f": {exc.filename}" if exc.filename else ""
+    if not where and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = _fullest_output()  # a write on a full disk names no file
+    reason = exc.strerror or str(exc)
+    hint = {
+        errno.ENOSPC: "free some space there (or point cache=/builddir=/wheels= at another disk) and rerun",
+        errno.EDQUOT: "free some space there (or point cache=/builddir=/wheels= at another disk) and rerun",
+        errno.ENOTDIR: "a path that should be a directory is a file: check cache=, builddir= and wheels=",
+        errno.EEXIST: "a path that should be a directory is a file: check cache=, builddir= and wheels=",
+        errno.EACCES: "that path is not writable for this user: choose another (cache=, builddir=, wheels=)",
+        errno.EROFS: "that file system is read-only: choose another place (cache=, builddir=, wheels=)",
+    }.get(exc.errno or 0, "check that path and rerun")
+    # True of every output: the cache publishes whole entries, wheels/ and the lock are written through
+    # temporary files, and wheels/ has no manifest until it is complete (docs/security.md).
+    return ReproError(f"{reason}{where}; {hint}. Nothing partial was kept in the cache or wheels/.")
+
+
+def _fullest_output() -> str:
+    """Of this run's output directories, the one whose file system has the least room left."""
+    try:
+        settings = context().settings
+    except BaseException:
+        return ""
+    room = []
+    for setting, path in (("builddir", settings.builddir), ("cache", settings.cache), ("wheels", settings.wheels)):
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        with contextlib.suppress(OSError):
+            room.append((shutil.disk_usage(probe).free, setting, path))
+    if not room:
+        return ""
+    free, setting, path = min(room)
+    return f" under {setting}={path} ({free // 1024} KiB free there)"
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Report an expected failure as one clear message (a traceback only with REPRO_DEBUG=1) and make
+    doit exit with the error's own status (docs/tasks.md, "Exit statuses")."""
+    return _guard(fn)
+
+
+def _require_pins() -> None:
+    ctx = context()
+    unpinned = ctx.lock.unpinned_for(ctx.settings.profile)
+    if unpinned:
+        raise LockError(format_problems(ctx.lock.path, list(unpinned)) + "\nRun `doit lock` first.")
+
+
+# --------------------------------------------------------------------------- uptodate checks
+
+
+class SourceCached:
+    """Up to date when the verified tree is in the source cache (no rehashing)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __call__(self, task: Any, values: Any) -> bool:
+        ctx = context()
+        src = ctx.lock.sources[self.source]
+        if kinds.of(src.kind).wheel:
+            return bool(src.sha256) and (ctx.cache.root / "fetched" / src.sha256).is_dir()
+        return bool(src.tree_sha256) and ctx.cache.has_source(src.tree_sha256)
+
+    def __repr__(self) -> str:
+        return f"SourceCached({self.source!r}: tree_sha256 present in the source cache)"
+
+
+class WheelCached:
+    """Up to date when the wheel cache holds an entry for the package's current action key.
+
+    Only the local cache counts: the remote (remote=) is asked by the action, so
+    that `doit list` and `doit info` never touch the network. With
+    remote_write=on it is never up to date: the action then makes sure the
+    remote has the cached wheel too.
+    """
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+
+    def __call__(self, task: Any, values: Any) -> bool:
+        ctx = context()
+        if ctx.settings.remote_write:
+            return False
+        try:
+            _require_pins()
+            key, _ = ctx.key(ctx.package(self.package))
+        except ReproError:
+            return False  # the action reports the problem
+        return ctx.cache.wheel_exists(key)
+
+    def __repr__(self) -> str:
+        return (
+            f"WheelCached({self.package!r}: wheel cache has an entry for the current action key, "
+            "and remote_write is off)"
+        )
+
+
+class WheelhouseCurrent:
+    """Up to date when wheels/manifest.json lists the current keys and the files are there (and remote_write is off)."""
+
+    def __call__(self, task: Any, values: Any) -> bool:
+        ctx = context()
+        if ctx.settings.remote_write:
+            return False  # the action uploads what the remote lacks
+        try:
+            _require_pins()
+            from tasks.stages.wheelhouse import is_current
+
+            return is_current(ctx)[0]
+        except ReproError:
+            return False
+
+    def __repr__(self) -> str:
+        return "WheelhouseCurrent(wheels/manifest.json matches the lock, profile and action keys; remote_write is off)"
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@guarded
+def _do_lock() -> None:
+    from tasks.cli.lockcmd import lock_hermetic, lock_runtime, lock_sources
+    from tasks.cli.oci import lock_image_digests, split_update
+    from tasks.lock.lockfile import load_lock
+
+    ctx = context()
+    sources_update, images_update = split_update(ctx.settings.update)
+    # The hermetic pins first: a lock whose sources are complete must then validate as a whole.
+    for line in lock_hermetic(ctx.settings.lock, ctx.cache, update=sources_update):
+        print(f"  {line}", flush=True)
+    sources_update = tuple(u for u in sources_update if u != "hermetic")
+    for line in lock_sources(
+        ctx.settings.lock, ctx.cache, mirror=ctx.settings.mirror, logs=ctx.settings.logs, update=sources_update
+    ):
+        print(f"  {line}", flush=True)
+    for line in lock_runtime(
+        ctx.settings.lock, ctx.cache, wheels=ctx.settings.wheels, logs=ctx.settings.logs, update=sources_update
+    ):
+        print(f"  {line}", flush=True)
+    for line in lock_image_digests(ctx.settings.lock, images_update):
+        print(f"  {line}", flush=True)
+    still = load_lock(ctx.settings.lock, require_pins=False).unpinned
+    print(f"wrote {ctx.settings.lock}" + (f"; {len(still)} pin(s) still open:" if still else ""), flush=True)
+    for line in still:
+        print(f"  open: {line}", flush=True)
+
+
+@guarded
+def _do_fetch(name: str) -> None:
+    from tasks.lock.fetch import ensure_source, ensure_wheel
+
+    _require_pins()
+    ctx = context()
+    src = ctx.lock.sources[name]
+    if kinds.of(src.kind).wheel:
+        ensure_wheel(src, cache=ctx.cache, mirror=ctx.settings.mirror)
+        return
+    try:
+        ensure_source(src, cache=ctx.cache, mirror=ctx.settings.mirror, log=ctx.settings.logs / f"fetch-{name}.log")
+    except FetchError as exc:
+        raise FetchError(f"source {name}: {exc.message}") from exc  # sources of one unreachable host: said once
+
+
+def _write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[str]:
+    """Write what `doit mirror` writes into ``dest`` (also the bundle's ``mirror/``): the profile's sources,
+    the wheels of the hermetic toolchain and of the runtime closure; yield one line per item. A closure
+    wheel comes from the cache, else ``source`` (a mirror's ``wheels/``), else the package index."""
+    from tasks.env.hermetic import mirror_wheels
+    from tasks.lock.fetch import export_mirror
+
+    sources = [ctx.lock.sources[n] for n in ctx.lock.sources_for(ctx.settings.profile)]
+    for line in export_mirror(sources, cache=ctx.cache, mirror=dest):
+        yield f"  {line}"
+    pins = ctx.lock.toolchain.hermetic
+    if pins:
+        yield f"hermetic toolchain: the wheels of {len(pins)} pins into {dest / 'wheels'}"
+        if source is not None and source != dest and (source / "wheels").is_dir():
+            _copy_pinned_wheels(source / "wheels", dest / "wheels", {h for pin in pins for h in pin.hashes})
+        for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=dest):
+            yield f"  {line}"
+    runtime = ctx.runtime
+    if runtime is not None and runtime.resolved:
+        from tasks.env import closure
+
+        target = closure.target_of(runtime)
+        wheels = dest / "wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
+        total = 0
+        for pin in runtime.resolved:
+            path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), ctx.cache.fetched,
+                                 mirror=source, indexes=None, target=target)  # fmt: skip
+            if not (wheels / path.name).is_file():
+                copy_atomic(path, wheels / path.name)
+            total += path.stat().st_size
+        yield f"  runtime closure: {len(runtime.resolved)} wheels in {wheels} ({total / 1e6:.1f} MB)"
+
+
+def _copy_pinned_wheels(src: Path, dest: Path, hashes: set[str]) -> None:
+    """Copy the wheels of ``src`` whose sha256 is one of ``hashes`` into ``dest`` (so none is downloaded again)."""
+    from tasks.core.treehash import file_sha256
+
+    for path in sorted(src.glob("*.whl")):
+        if not (dest / path.name).is_file() and file_sha256(path) in hashes:
+            dest.mkdir(parents=True, exist_ok=True)
+            copy_atomic(path, dest / path.name)
+
+
+@guarded
+def _do_mirror() -> None:
+    _require_pins()
+    ctx = context()
+    mirror = ctx.settings.mirror
+    if mirror is None:
+        raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
+    for line in _write_mirror(ctx, mirror, source=mirror):  # what the mirror already holds is kept
+        print(line, flush=True)
+    from tasks.image.selfwheels import write_tool_wheels
+
+    for line in write_tool_wheels(mirror / "tool"):  # the tool itself, for a build host without network
+        print(f"  {line}", flush=True)
+    print(f"mirror written to {mirror}", flush=True)
+
+
+@guarded
+def _do_stage(name: str) -> None:
+    from tasks.stages.build import source_trees
+    from tasks.stages.patch import stage_package
+
+    _require_pins()
+    ctx = context()
+    pkg = ctx.package(name)
+    dest = (ctx.settings.builddir / "stage" / pkg.name).absolute()
+    stage_package(
+        pkg,
+        trees=source_trees(ctx, pkg),
+        patches=ctx.patches(pkg),
+        dest=dest,
+        log=ctx.settings.logs / f"stage-{name}.log",
+    )
+    print(f"staged {name} at {dest}", flush=True)
+
+
+@guarded
+def _do_build(name: str) -> None:
+    from tasks.stages.build import build_package
+
+    _require_pins()
+    ctx = context()
+    pkg = ctx.package(name)
+    why = ctx.skipped(pkg)
+    from tasks.core import notices
+
+    if why:
+        from tasks.engine.timeline import Outcome
+
+        ctx.record(Outcome(package=name, status="skipped"))
+        hint = SKIP_HINT_NVCC if "nvcc not found" in why else ""
+        # Said once, and again when the reason changes: a no-op run does not repeat it (tasks/core/notices.py).
+        line = f"skipped {name} (optional in {ctx.lock.path.name}): {why}{hint}"
+        notices.say_once(ctx.settings.builddir, f"skipped:{ctx.lock.path.name}:{name}", line)
+        return
+    notices.forget(ctx.settings.builddir, f"skipped:{ctx.lock.path.name}:{name}")
+    build_package(ctx, pkg)
+    _report_asked_builds(ctx)
+
+
+def _report_asked_builds(ctx: Context) -> None:
+    """Where the command line names ``build:`` tasks (``doit build:flash_attn``), the summary and the build
+    timeline of those packages, as ``doit wheels`` gives them for its own: each build task that ends
+    reports the asked packages that have ended so far, so the last one reports them all."""
+    from tasks.core.startup import requested_tasks
+    from tasks.engine import timeline
+
+    asked = [t.removeprefix("build:") for t in sorted(requested_tasks(sys.argv[1:])) if t.startswith("build:")]
+    ended = [n for n in asked if n in ctx.outcomes]
+    if ended:
+        timeline.report(ctx.outcomes, ended, ctx.settings.builddir / "trace.json")
+
+
+@guarded
+def _do_wheels() -> None:
+    from tasks.stages.wheelhouse import assemble
+
+    _require_pins()
+    assemble(context())
+
+
+@guarded
+def _do_shard(names: list[str]) -> None:
+    from tasks.engine import timeline
+    from tasks.stages.build import build_package
+
+    _require_pins()
+    ctx = context()
+    shard = ctx.settings.shard
+    assert shard is not None
+    for name in names:
+        if ctx.skipped(ctx.package(name)):
+            print(f"  {name}: skipped (see above)", flush=True)
+            continue
+        entry = build_package(ctx, ctx.package(name))  # cached, restored or built by build:<name>
+        print(f"  {name}: {entry.path.name}", flush=True)
+    timeline.report(ctx.outcomes, names, ctx.settings.builddir / "trace.json")
+    where = f"; uploaded to {ctx.settings.remote}" if ctx.settings.remote_write else ""
+    print(
+        f"shard {shard[0]}/{shard[1]}: {len(names)} of {len(ctx.packages)} package(s) in the wheel cache{where}; "
+        "wheels/ is not assembled by a shard (run `doit wheels remote=...` without shard= once all shards ran)",
+        flush=True,
+    )
+
+
+@guarded
+def _do_verify() -> None:
+    from tasks.verify.checks import run_verify
+
+    ctx = context()
+    run_verify(
+        wheel_dir=ctx.settings.wheels,
+        work_dir=ctx.settings.builddir / "verify",
+        gpu=ctx.settings.gpu,
+        isolated=ctx.settings.isolated,
+        log_dir=ctx.settings.logs,
+    )
+
+
+@guarded
+def _do_repro() -> None:
+    from tasks.verify.repro import run_repro
+
+    _require_pins()
+    ctx = context()
+    run_repro(ctx, ctx.settings.pkgs)
+
+
+@guarded
+def _do_image() -> None:
+    from tasks.image.image import build_image
+
+    build_image(context())
+
+
+@guarded
+def _do_verify_image() -> None:
+    from tasks.verify.image import verify_in_image
+
+    verify_in_image(context())
+
+
+@guarded
+def _do_export() -> None:
+    from tasks.image.export import export_image
+
+    export_image(context())
+
+
+@guarded
+def _do_bundle() -> None:
+    from tasks.image.bundle import write_bundle
+
+    _require_pins()
+    ctx = context()
+    st = ctx.settings
+    out = st.bundle or st.builddir / "bundle" / f"reprostack-{ctx.lock.sha256[:12]}-{st.profile}.tar"
+    image = None
+    if st.bundle_image:
+        from tasks.image.export import stem
+        from tasks.image.image import make_plan
+
+        name = stem(make_plan(ctx))
+        export = st.export_dir
+        image = [p for p in (export / f"{name}.docker.tar", export / f"{name}.oci", export / f"{name}.json")]
+        missing = [p.name for p in image if not p.exists()]
+        if missing:
+            raise BundleError(f"the exported image is missing from {export} ({', '.join(missing)}): run `doit export`")
+    mirror_dir = None
+    with tempfile.TemporaryDirectory(prefix="bundle-mirror-") as tmp:
+        if st.bundle_mirror:  # what `doit mirror` writes for this profile
+            mirror_dir = Path(tmp) / "mirror"
+            print(f"the bundle's mirror/, as `doit mirror` writes it for profile {st.profile}:", flush=True)
+            for line in _write_mirror(ctx, mirror_dir, source=st.mirror):
+                print(line, flush=True)
+        from tasks.image.selfwheels import write_tool_wheels
+
+        tool_dir = Path(tmp) / "tool"  # the tool's own wheels: it installs offline on the other side
+        for line in write_tool_wheels(tool_dir):
+            if line.startswith("note:"):  # (the install command for the other side is printed below)
+                print(line, flush=True)
+        info = {"lock": ctx.lock.path.name, "lock_sha256": ctx.lock.sha256, "profile": st.profile}
+        path, digest = write_bundle(
+            out, wheels=st.wheels, image=image, mirror=mirror_dir, lock=ctx.lock.path, tool=tool_dir, info=info
+        )
+    print(f"bundle {path} ({path.stat().st_size / 1e6:.1f} MB), sha256 {digest}; also {path.name}.sha256", flush=True)
+    from tasks.outside.unbundle import instruction
+
+    print(f"on the other side, with only python3 (3.8 or newer): {instruction(path.name, 'DIR')}", flush=True)
+    print(
+        f"  (it checks {path.name}.sha256 when it lies beside the bundle, then every file; then install the tool "
+        f"with: python3 -m venv .venv && .venv/bin/pip install --no-index --find-links DIR/tool --require-hashes "
+        f"-r DIR/tool/requirements.txt; where the tool is installed: reprostack unbundle bundle={path.name} dest=DIR)",
+        flush=True,
+    )
+
+
+@guarded
+def _do_unbundle() -> None:
+    from tasks.core.settings import load_settings
+    from tasks.image.bundle import unpack
+
+    st = load_settings()  # no lock: the air-gapped host unbundles before it has one (tasks/cli/dodo.py)
+    if st.bundle is None:
+        raise BundleError("doit unbundle needs the bundle file: doit unbundle bundle=FILE dest=DIR")
+    doc = unpack(st.bundle, st.dest)
+    print(f"verified {doc['verified_files']} files of {st.bundle} and unpacked them to {st.dest}", flush=True)
+    print(f"  parts: {', '.join(doc['parts'])}; lock sha256 {doc['lock_sha256']}, profile {doc['profile']}", flush=True)
+    print(
+        f"  install: pip install --no-index --find-links {st.dest}/wheels --require-hashes "
+        f"-r {st.dest}/wheels/requirements.txt",
+        flush=True,
+    )
+
+
+def _clean_wheels() -> None:
+    rmtree(context().settings.wheels)
+
+
+# --------------------------------------------------------------------------- task creators
+
+
+def task_lock() -> TaskDict:
+    """Resolve refs to commits and fill in hashes in the lock file (update=NAMES|hermetic|all re-resolves)."""
+    return {"actions": [_do_lock], "uptodate": [False], **CONSOLE}
+
+
+def task_fetch() -> Iterator[TaskDict]:
+    """Download and verify every source into the source cache."""
+    ctx = context()
+    for name in ctx.lock.sources:
+        yield {
+            "name": name,
+            "actions": [(_do_fetch, [name])],
+            "uptodate": [SourceCached(name)],
+            **CONSOLE,
+            "doc": f"fetch and verify source {name}",
+        }
+
+
+def task_mirror() -> TaskDict:
+    """Export the profile's sources, hermetic toolchain, runtime closure and the tool's wheels to mirror=DIR."""
+    ctx = context()
+    return {
+        "actions": [_do_mirror],
+        "task_dep": [f"fetch:{n}" for n in ctx.lock.sources_for(ctx.settings.profile)],
+        "uptodate": [False],
+        **CONSOLE,
+    }
+
+
+def task_stage() -> Iterator[TaskDict]:
+    """Stage a package's patched tree under build/stage/<pkg> for inspection."""
+    ctx = context()
+    for pkg in ctx.packages:
+        yield {
+            "name": pkg.name,
+            "actions": [(_do_stage, [pkg.name])],
+            "task_dep": [f"fetch:{s}" for s in (*pkg.source_names(), *pkg.patch_sources())],
+            "uptodate": [False],
+            **CONSOLE,
+            "doc": f"stage patched sources of {pkg.name}",
+        }
+
+
+def task_build() -> Iterator[TaskDict]:
+    """Build each package's wheel into the wheel cache (reused while its action key is unchanged)."""
+    ctx = context()
+    for pkg in ctx.packages:
+        yield {
+            "name": pkg.name,
+            "actions": [(_do_build, [pkg.name])],
+            "task_dep": [f"fetch:{s}" for s in (*pkg.source_names(), *pkg.patch_sources())],
+            "uptodate": [WheelCached(pkg.name)],
+            **CONSOLE,
+            "doc": f"build the wheel of {pkg.name}",
+        }
+
+
+def task_wheels() -> TaskDict:
+    """Assemble wheels/: the lock's wheels, manifest.json, simple/ index, requirements.txt (shard=i/N: a share)."""
+    ctx = context()
+    if ctx.settings.shard is not None:
+        from tasks.engine.admission import shard_packages
+        from tasks.outside.ninjaorder import package_weights
+
+        weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages])
+        names = shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights)
+        return {
+            "actions": [(_do_shard, [names])],
+            "task_dep": [f"build:{n}" for n in names],
+            "uptodate": [False],
+            **CONSOLE,
+        }
+    return {
+        "actions": [_do_wheels],
+        "task_dep": [f"build:{p.name}" for p in ctx.packages],
+        "uptodate": [WheelhouseCurrent()],
+        "clean": [_clean_wheels],
+        **CONSOLE,
+    }
+
+
+def _same_wheelhouse(task: str) -> None:
+    """`doit verify` (repro, bundle) asked without `wheels`, where wheels/ holds what `doit wheels` made for
+    another profile or lock than this run's: its dependency on `wheels` would first rebuild wheels/ for
+    this run's profile (for a real lock's default profile, hours of compiles and fetches), replacing the
+    wheelhouse the user meant to check. Refused before anything runs, naming the command for each intent."""
+    from tasks.core.startup import requested_tasks
+    from tasks.store import manifest
+
+    asked = requested_tasks(sys.argv[1:])
+    if task not in asked or "wheels" in asked:
+        return
+    ctx = context()
+    doc = manifest.read_document(ctx.settings.wheels)
+    if doc is None or not isinstance(doc.get("profile"), str) or not isinstance(doc.get("lock"), str):
+        return
+    profile, lock = doc["profile"], Path(doc["lock"])
+    if profile == ctx.settings.profile and lock.name == ctx.lock.path.name:  # (a wheelhouse from another checkout too)
+        return
+    print(
+        f"error: {ctx.settings.wheels}/ holds profile '{profile}' of {lock.name}, and this run's is profile "
+        f"'{ctx.settings.profile}' of {ctx.lock.path.name}: `doit {task}` would first rebuild {ctx.settings.wheels}/ "
+        f"for it. To {task} what is there, give the variables it was built with: `doit {task} profile={profile}` "
+        f"(lock=, mirror= as for that build); to build this run's profile and then {task} it: "
+        f"`doit wheels {task} profile={ctx.settings.profile}`.",
+        file=sys.stderr,
+    )
+    raise SystemExit(ReproError.exit_code)
+
+
+def task_verify() -> TaskDict:
+    """Install the wheelhouse into a scratch venv and check imports, linkage, archs, GPU smoke tests."""
+    _same_wheelhouse("verify")
+    return {"actions": [_do_verify], "task_dep": ["wheels"], "uptodate": [False], **CONSOLE}
+
+
+def task_repro() -> TaskDict:
+    """Rebuild packages (pkgs=a,b; default all) in a second directory and compare with wheels/ bit for bit."""
+    _same_wheelhouse("repro")
+    return {"actions": [_do_repro], "task_dep": ["wheels"], "uptodate": [False], **CONSOLE}
+
+
+class Deferred:
+    """An up-to-date check whose module is imported only when doit asks it (`doit wheels` never does):
+    ``Deferred("tasks.image.image", "ImageCurrent")`` is ``tasks.image.image.ImageCurrent(context())``."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def check(self) -> Callable[[Any, Any], bool]:
+        import importlib
+
+        made: Callable[[Any, Any], bool] = getattr(importlib.import_module(self.module), self.name)(context())
+        return made
+
+    def __call__(self, task: Any, values: Any) -> bool:
+        return self.check()(task, values)
+
+    def __repr__(self) -> str:
+        return repr(self.check())
+
+
+def task_image() -> TaskDict:
+    """Build the runtime image: the lock's pinned base plus the wheelhouse, installed offline."""
+    return {
+        "actions": [_do_image],
+        "task_dep": ["wheels"],
+        "uptodate": [Deferred("tasks.image.image", "ImageCurrent")],
+        **CONSOLE,
+    }
+
+
+def task_verify_image() -> TaskDict:
+    """Run doit verify inside a container of the runtime image (--gpus all where a GPU is usable)."""
+    return {"actions": [_do_verify_image], "task_dep": ["image"], "uptodate": [False], **CONSOLE}
+
+
+def task_export() -> TaskDict:
+    """Write the runtime image as a docker-archive and an OCI layout, with their sha256s (export=DIR)."""
+    return {
+        "actions": [_do_export],
+        "task_dep": ["image"],
+        "uptodate": [Deferred("tasks.image.export", "ExportCurrent")],
+        **CONSOLE,
+    }
+
+
+def task_bundle() -> TaskDict:
+    """Write one file for an air-gapped site: wheelhouse, SBOM, SHA256SUMS (+ bundle_image, bundle_mirror)."""
+    _same_wheelhouse("bundle")
+    settings = context().settings
+    deps = ["wheels", *(["export"] if settings.bundle_image else [])]
+    return {"actions": [_do_bundle], "task_dep": deps, "uptodate": [False], **CONSOLE}
+
+
+def task_unbundle() -> TaskDict:
+    """Verify a bundle (bundle=FILE) against its SHA256SUMS and unpack it to dest=DIR; an altered bundle is refused."""
+    return {"actions": [_do_unbundle], "uptodate": [False], **CONSOLE}
+
+
+# --------------------------------------------------------------------------- doit plan
+
+
+def only_plan(argv: list[str]) -> bool:
+    """Whether doit's command line runs the ``plan`` task and nothing else (it takes no workspace lock)."""
+    from tasks.core.startup import requested_tasks
+
+    return requested_tasks(argv) == {"plan"}
+
+
+@guarded
+def _do_plan() -> None:
+    import json
+
+    from tasks.cli import plan
+
+    _require_pins()
+    ctx = context()
+    made = plan.make_plan(ctx)
+    if ctx.settings.format == "json":
+        print(json.dumps(plan.to_json(made), indent=1, sort_keys=True), flush=True)
+    else:
+        print(plan.render_text(made), flush=True)
+
+
+def task_plan() -> TaskDict:
+    """Say what `doit wheels` would do for each package, which inputs of its key changed, and how long (format=json)."""
+    return {"actions": [_do_plan], "uptodate": [False], "verbosity": 2, "io": {"capture": False}}
+
+
+class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
+    """doit's console reporter, without the ``.  plan`` title when ``doit plan format=json`` prints its
+    document: stdout is then the JSON alone."""
+
+    def execute_task(self, task: Any) -> None:
+        if task.name == "plan" and context().settings.format == "json":
+            return
+        super().execute_task(task)
+
+
+@guarded
+def _do_preflight(python: str, report: str) -> None:
+    """The wheelhouse's own check (wheels/preflight.py, the same code as tasks/outside/preflight.py) on this node."""
+    from tasks.core.errors import PreflightFailed
+    from tasks.outside import preflight
+
+    ctx = context()
+    out = Path(report) if report else ctx.settings.builddir / "preflight" / "report.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = ["--wheels", str(ctx.settings.wheels), "--json", str(out), "--gpu", ctx.settings.gpu]
+    status = preflight.main([*args, *(["--python", python] if python else [])])
+    if status == preflight.EXIT_UNREADABLE:
+        raise ReproError(f"{ctx.settings.wheels} has no {preflight.SPEC_FILE}: run `doit wheels` (or unpack a bundle)")
+    if status != preflight.EXIT_OK:
+        raise PreflightFailed(
+            f"this node cannot take the wheels in {ctx.settings.wheels}: see the FAIL lines above (report: {out}); "
+            "fix the node (driver, GPU allocation, interpreter, torch), or build the wheels for it"
+        )
+
+
+def task_preflight() -> TaskDict:
+    """Check this node (driver, GPUs, glibc, Python, torch, provided set) against wheels/ before installing."""
+    return {
+        "actions": [_do_preflight],
+        "params": [
+            {"name": "python", "long": "python", "default": "", "help": "the interpreter the wheels go into"},
+            {"name": "report", "long": "report", "default": "", "help": "the JSON report's path"},
+        ],
+        "uptodate": [False],
+        **CONSOLE,
+    }

@@ -1,0 +1,1 @@
+"""The runtime image, its layers, exports and bundles, and the tool's own wheels."""

@@ -1,0 +1,176 @@
+"""Longest unit first: reorder a ninja manifest's build edges by their last compile times.
+
+ninja starts equally ready edges in manifest order, and the manifests our
+packages generate list their units alphabetically (setuptools sorts an
+extension's sources; CMake sorts too). FA2's 84 kernels then start in name
+order, so its slowest units (the split-KV forward kernels, 500 to 760 s each
+on the H200 host) start last, 200 to 300 s in, and set the package's wall time.
+Starting the longest units first is the classic LPT schedule.
+
+The jobserver's ninja shim (tasks/engine/jobserver.py) runs this file, before the
+real ninja, on the manifest ninja is about to read: each run of consecutive
+``build`` blocks is stably sorted by the seconds that ``REPRO_UNIT_TIMES``
+(a JSON object: output file name -> seconds) gives their first output, the
+longest first; edges without a time keep their order after the timed ones.
+Nothing else changes: the blocks' text, every other line, the manifest's
+mtime. So the same objects are built with the same commands and linked in
+the same order, and the wheel's bytes do not change; only the start order
+does. The times come from the package's previous build in this cache and
+from the lock's ``unit_times`` file (see tasks/stages/build.py).
+
+Standard library only: the shim runs it with the doit process's Python,
+outside any package, and a failure here never stops the build (the shim
+ignores its exit status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+
+def _first_output(line: str) -> str:
+    """The file name of a ``build`` line's first output (ninja's ``$`` escapes undone)."""
+    rest = line[len("build ") :]
+    out = []
+    i = 0
+    while i < len(rest):
+        ch = rest[i]
+        if ch == "$" and i + 1 < len(rest):
+            out.append(rest[i + 1])
+            i += 2
+            continue
+        if ch in " :|":
+            break
+        out.append(ch)
+        i += 1
+    return os.path.basename("".join(out))
+
+
+def _blocks(lines: Sequence[str]) -> list[tuple[bool, list[str]]]:
+    """Split a manifest into blocks: (is_build, lines); a build block is its line and its indented ones."""
+    blocks: list[tuple[bool, list[str]]] = []
+    for line in lines:
+        indented = line[:1] in (" ", "\t") and line.strip() != ""
+        if indented and blocks:
+            blocks[-1][1].append(line)
+        else:
+            blocks.append((line.startswith("build "), [line]))
+    return blocks
+
+
+def reorder_text(text: str, times: Mapping[str, float]) -> str:
+    """``text`` with each run of consecutive build blocks sorted longest first by ``times``."""
+    lines = text.splitlines(keepends=True)
+    blocks = _blocks(lines)
+    result: list[str] = []
+    run: list[list[str]] = []
+
+    def flush() -> None:
+        keyed = [(-float(times.get(_first_output(b[0]), -1.0)), i, b) for i, b in enumerate(run)]
+        for _, _, block in sorted(keyed, key=lambda k: (k[0], k[1])):
+            result.extend(block)
+        run.clear()
+
+    for is_build, block in blocks:
+        if is_build:
+            run.append(block)
+            continue
+        if run and block[0].strip() == "":
+            # A blank line between build blocks does not end their run; keep it after the block before it.
+            run[-1] = run[-1] + block
+            continue
+        flush()
+        result.extend(block)
+    flush()
+    return "".join(result)
+
+
+def manifest_path(args: Sequence[str]) -> Path:
+    """The manifest a ninja command line reads: ``-C DIR`` and ``-f FILE`` as ninja parses them."""
+    directory, name = ".", "build.ninja"
+    it = iter(args)
+    for arg in it:
+        if arg == "-C":
+            directory = next(it, directory)
+        elif arg.startswith("-C"):
+            directory = arg[2:]
+        elif arg == "-f":
+            name = next(it, name)
+        elif arg.startswith("-f"):
+            name = arg[2:]
+    return Path(directory) / name
+
+
+def reorder_manifest(manifest: Path, times: Mapping[str, float]) -> bool:
+    """Rewrite ``manifest`` in place (same mtime) if the order changes; True if it did."""
+    text = manifest.read_text()
+    new = reorder_text(text, times)
+    if new == text:
+        return False
+    stat = manifest.stat()
+    tmp = manifest.with_name(f".{manifest.name}.reorder-{os.getpid()}")
+    tmp.write_text(new)
+    os.utime(tmp, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(tmp, manifest)
+    return True
+
+
+def read_object(path: Path) -> dict[str, object]:
+    """A JSON object from ``path``; a missing, unreadable or other file counts as empty."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def load_times(path: Path) -> dict[str, float]:
+    """A times file: a JSON object of output file name -> seconds; anything else counts as empty."""
+    return {k: float(v) for k, v in read_object(path).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+HINTS_FILE = "unit-times.json"
+
+
+def package_weights(patches_dir: Path, packages: Iterable[str]) -> dict[str, float]:
+    """Each package's compile seconds from the lock's ``patches/<pkg>/unit-times.json`` (what shards weigh)."""
+    return {name: sum(load_times(patches_dir / name / HINTS_FILE).values()) for name in packages}
+
+
+def known_times(cache_root: Path, hints: Path | None, package: str) -> dict[str, float]:
+    """Unit times for ``package``: the lock's hints (``patches/<pkg>/unit-times.json``), then this cache's record."""
+    times = load_times(hints) if hints is not None else {}
+    times.update(load_times(cache_root / "timings" / f"{package}.json"))
+    return times
+
+
+def record_times(cache_root: Path, package: str, seconds: Mapping[str, float]) -> None:
+    """Add a build's unit times to the cache's record for ``package`` (newest wins)."""
+    if not seconds:
+        return
+    path = cache_root / "timings" / f"{package}.json"
+    times = load_times(path)
+    times.update({k: round(v, 1) for k, v in seconds.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(dict(sorted(times.items())), indent=0) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str]) -> int:
+    if not argv:
+        print("usage: ninjaorder.py TIMES.json [ninja arguments]", file=sys.stderr)
+        return 2
+    times = load_times(Path(argv[0]))
+    manifest = manifest_path(argv[1:])
+    if times and manifest.is_file():
+        reorder_manifest(manifest, times)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,467 @@
+"""`doit preflight`: the target node checks itself against what the wheels need, before anything is installed.
+
+Runs elsewhere: on a cluster node, from a wheelhouse, an unpacked bundle or an image, offline, with only
+the standard library of the node's Python (3.8 or newer) and no checkout of this project. `doit wheels`
+ships a copy of this file as ``wheels/preflight.py`` beside ``wheels/preflight.json`` (what the wheels
+need: the build's CUDA, torch and glibc, the target archs, the provided set)::
+
+    python3 wheels/preflight.py                      # checks this interpreter and this node
+    python3 wheels/preflight.py --python /opt/venv/bin/python --json report.json
+    python3 wheels/preflight.py --gpu off            # a node meant to run without a GPU
+
+Checks, one line each with what was found and what is needed:
+
+- ``driver``: the NVIDIA driver's CUDA version (``cuDriverGetVersion`` of libcuda, through ctypes) against
+  the CUDA the wheels were built with (minor version compatibility: the same major or newer);
+- ``gpu``: each GPU's compute capability (``cuDeviceGetAttribute``) against the SASS archs of the CUDA
+  wheels (``sm_90a`` runs on 9.0 only; ``sm_90`` on 9.x);
+- ``glibc``: the node's glibc against the wheels' platform tags (``manylinux_2_28``: 2.28; ``linux_*``: the
+  build host's glibc);
+- ``python``: the interpreter's version and ABI against every wheel's tags;
+- ``torch``: the installed torch (version with its local label, CUDA, C++ ABI) against what the wheels pin
+  (their ``Requires-Dist: torch==``) and were compiled with;
+- ``provided``: the installed distributions against the provided set the closure was resolved around.
+
+Exit status (docs/tasks.md#exit-statuses): 0 when every check passes or is skipped, 21 when one fails
+(no NVIDIA driver included), 10 when the wheelhouse cannot be read. ``REPRO_LIBCUDA`` names another
+libcuda (tests load a fake one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import zipfile
+from typing import Any
+
+#: What `doit wheels` writes beside this file.
+SPEC_FILE = "preflight.json"
+SPEC_FORMAT = 1
+EXIT_OK = 0
+EXIT_FAILED = 21  # tasks.core.errors.PreflightFailed
+EXIT_UNREADABLE = 10  # tasks.core.errors.ReproError
+LIBCUDA_ENV = "REPRO_LIBCUDA"
+PROBE_TIMEOUT_S = 300
+
+# CUdevice_attribute values (cuda.h).
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+
+def check(name: str, status: str, found: str, needed: str, detail: str = "") -> dict[str, Any]:
+    return {"check": name, "status": status, "found": found, "needed": needed, "detail": detail}
+
+
+# --------------------------------------------------------------------------- the driver and the GPUs
+
+
+def read_driver(library: str = "") -> dict[str, Any]:
+    """What libcuda says: ``{"error": ...}`` without a driver, else its CUDA version and each GPU's capability."""
+    name = library or os.environ.get(LIBCUDA_ENV, "") or "libcuda.so.1"
+    try:
+        cuda = ctypes.CDLL(name)
+    except OSError as exc:
+        return {"error": f"no NVIDIA driver found ({name} cannot be loaded: {exc})"}
+    version = ctypes.c_int(0)
+    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return {"error": f"the NVIDIA driver ({name}) does not answer cuDriverGetVersion"}
+    out: dict[str, Any] = {"version": version.value, "library": name, "gpus": []}
+    status = cuda.cuInit(0)
+    if status != 0:
+        out["init_error"] = status  # 100: CUDA_ERROR_NO_DEVICE
+        return out
+    count = ctypes.c_int(0)
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        out["init_error"] = -1
+        return out
+    for ordinal in range(count.value):
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        cuda.cuDeviceGetAttribute(ctypes.byref(major), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ordinal)
+        cuda.cuDeviceGetAttribute(ctypes.byref(minor), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ordinal)
+        gpu_name = ""
+        if hasattr(cuda, "cuDeviceGetName"):
+            buf = ctypes.create_string_buffer(256)
+            if cuda.cuDeviceGetName(buf, 256, ordinal) == 0:
+                gpu_name = buf.value.decode("utf-8", "replace")
+        out["gpus"].append({"index": ordinal, "name": gpu_name, "capability": [major.value, minor.value]})
+    return out
+
+
+def cuda_text(version: int) -> str:
+    """cuDriverGetVersion's integer as CUDA's ``major.minor`` (13000 -> 13.0)."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def _release(text: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def driver_check(driver: dict[str, Any], needed_cuda: str, gpu: str) -> dict[str, Any]:
+    if needed_cuda:
+        needed = f"CUDA >= {_release(needed_cuda)[0]}.0 (the wheels were built with CUDA {needed_cuda})"
+    else:
+        needed = "an NVIDIA driver (the lock targets GPUs; no wheel here was built with CUDA)"
+    if gpu == "off":
+        return check("driver", "SKIP", "not asked (--gpu off)", needed)
+    if not driver:
+        return check("driver", "SKIP", "not asked", "none: the lock names no GPU archs")
+    if "error" in driver:
+        return check("driver", "FAIL", driver["error"], needed)
+    found = "CUDA {} (driver API {}, {})".format(cuda_text(driver["version"]), driver["version"], driver["library"])
+    ok = driver["version"] // 1000 >= _release(needed_cuda)[0]
+    detail = "" if ok else f"update the NVIDIA driver to one that supports CUDA {needed_cuda}"
+    return check("driver", "PASS" if ok else "FAIL", found, needed, detail)
+
+
+def runs_on(arch: str, capability: tuple[int, int]) -> bool:
+    """Whether SASS for ``arch`` (``sm_90a``, ``sm_90``, ``sm_100f``) runs on a GPU of ``capability``.
+
+    Arch-specific SASS (``a``) runs on exactly that capability; family SASS (``f``) on the same major
+    with the same or a higher minor; plain SASS, likewise, on the same major (binary compatibility).
+    """
+    m = re.match(r"^sm_(\d+)(\d)([af]?)$", arch)
+    if not m:
+        return False
+    major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3)
+    if suffix == "a":
+        return capability == (major, minor)
+    return capability[0] == major and capability[1] >= minor
+
+
+def gpu_check(driver: dict[str, Any], archs: list[str], cuda_wheels: list[str], gpu: str) -> dict[str, Any]:
+    needed = "SASS for it among the target archs {} ({})".format(
+        ", ".join(archs) or "none", ", ".join(cuda_wheels) or "no wheel here carries device code"
+    )
+    if gpu == "off":
+        return check("gpu", "SKIP", "not asked (--gpu off)", needed)
+    if not driver:
+        return check("gpu", "SKIP", "not asked", "none: the lock names no GPU archs")
+    if "error" in driver:
+        return check("gpu", "SKIP", "not asked: the driver check failed", needed)
+    if driver.get("init_error") is not None or not driver["gpus"]:
+        code = driver.get("init_error")
+        return check("gpu", "FAIL", f"no GPU visible to the driver (cuInit: {code})", needed,
+                     "check CUDA_VISIBLE_DEVICES and the node's allocation")  # fmt: skip
+    seen, bad = [], []
+    for card in driver["gpus"]:
+        cap = (int(card["capability"][0]), int(card["capability"][1]))
+        label = "GPU {} {}sm_{}{}".format(card["index"], card["name"] + " " if card["name"] else "", cap[0], cap[1])
+        seen.append(label)
+        if not any(runs_on(a, cap) for a in archs):
+            bad.append(label)
+    if bad:
+        hint = f"the wheels' kernels do not run on {', '.join(bad)}: rebuild with archs naming it"
+        return check("gpu", "FAIL", "; ".join(seen), needed, hint)
+    return check("gpu", "PASS", "; ".join(seen), needed)
+
+
+# --------------------------------------------------------------------------- the node's libc and Python
+
+
+def glibc_version() -> str:
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError, AttributeError):
+        text = ""
+    return text.split()[-1] if text.startswith("glibc") else ""
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+
+
+def wheel_tags(filename: str) -> list[tuple[str, str, str]]:
+    """The (python, abi, platform) tags of a wheel's file name, compressed tag sets expanded."""
+    parts = filename[: -len(".whl")].split("-")
+    if len(parts) < 5:
+        return []
+    pys, abis, plats = parts[-3], parts[-2], parts[-1]
+    return [(p, a, pl) for p in pys.split(".") for a in abis.split(".") for pl in plats.split(".")]
+
+
+def glibc_needed(filename: str, build_glibc: str) -> str:
+    """The glibc a wheel needs: its manylinux tag's, or the build host's for a ``linux_*`` wheel ('' for any)."""
+    needs = []
+    for _py, _abi, plat in wheel_tags(filename):
+        m = re.match(r"manylinux_(\d+)_(\d+)_", plat)
+        legacy = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"}
+        if m:
+            needs.append(f"{m.group(1)}.{m.group(2)}")
+        elif plat.split("_")[0] in legacy:
+            needs.append(legacy[plat.split("_")[0]])
+        elif plat.startswith("linux_"):
+            needs.append(build_glibc or "?")
+        elif plat == "any":
+            return ""
+    known = [n for n in needs if n != "?"]
+    return min(known, key=_version_tuple) if known else ("?" if needs else "")
+
+
+def glibc_check(wheels: list[str], build_glibc: str, found: str) -> dict[str, Any]:
+    needs = {w: glibc_needed(w, build_glibc) for w in wheels}
+    top = max((n for n in needs.values() if n and n != "?"), key=_version_tuple, default="")
+    needed = "glibc >= {} (the wheels' platform tags{})".format(
+        top or "any", f"; linux_* wheels: the build host's {build_glibc}" if build_glibc else ""
+    )
+    if not found:
+        return check("glibc", "FAIL" if top else "SKIP", "no glibc (another libc, or not Linux)", needed)
+    short = [w for w, n in needs.items() if n and n != "?" and _version_tuple(found) < _version_tuple(n)]
+    if short:
+        return check("glibc", "FAIL", "glibc " + found, needed, "too old for: " + ", ".join(sorted(short)))
+    return check("glibc", "PASS", "glibc " + found, needed)
+
+
+def python_check(wheels: list[str], node: dict[str, Any]) -> dict[str, Any]:
+    """Each wheel must carry a tag this interpreter takes (its version, ABI and machine)."""
+    major, minor = node["version"][:2]
+    pys = {f"cp{major}{minor}", f"py{major}", f"py{major}{minor}"}
+    abis = {node["abi"], "abi3", "none"} if node["implementation"] == "cpython" else {"none"}
+    machine = node["machine"]
+
+    def fits(tag: tuple[str, str, str]) -> bool:
+        py, abi, plat = tag
+        if abi == "abi3":
+            m = re.match(r"cp(\d)(\d+)$", py)
+            py_ok = bool(m) and int(m.group(1)) == major and int(m.group(2)) <= minor  # type: ignore[union-attr]
+        else:
+            py_ok = py in pys
+        plat_ok = plat == "any" or (plat.endswith("_" + machine) and plat.startswith(("linux_", "manylinux")))
+        return py_ok and abi in abis and plat_ok
+
+    found = "Python {}.{}.{} ({}, ABI {}, {})".format(major, minor, node["version"][2], node["implementation"],
+                                                   node["abi"], machine)  # fmt: skip
+    bad = [w for w in wheels if not any(fits(t) for t in wheel_tags(w))]
+    wanted = sorted({f"{p}-{a}" for w in wheels for p, a, _pl in wheel_tags(w) if a not in ("none",)})
+    needed = "a tag of each wheel ({})".format(", ".join(wanted) or "pure Python wheels only")
+    if bad:
+        return check("python", "FAIL", found, needed, "no tag of theirs fits this interpreter: " + ", ".join(bad))
+    return check("python", "PASS", found, needed)
+
+
+# --------------------------------------------------------------------------- the interpreter's packages
+
+# Runs in the target interpreter (the one the wheels go into): what it has installed, and its torch.
+_PROBE = r"""
+import json, sys, sysconfig, platform
+try:
+    import importlib.metadata as md
+except ImportError:
+    md = None
+names = json.loads(sys.argv[1])
+out = {"version": list(sys.version_info[:3]), "implementation": sys.implementation.name,
+       "abi": "cp%d%d" % sys.version_info[:2], "soabi": sysconfig.get_config_var("SOABI") or "",
+       "machine": platform.machine(), "dists": {}}
+for name in names:
+    try:
+        out["dists"][name] = md.version(name) if md else None
+    except Exception:
+        out["dists"][name] = None
+if out["dists"].get("torch"):
+    try:
+        import torch
+        out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI)}
+    except Exception as exc:
+        out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(out))
+"""
+
+
+def probe_python(python: str, names: list[str]) -> dict[str, Any]:
+    """What ``python`` has: its version, ABI, machine, the versions of ``names``, its torch."""
+    env = dict(os.environ)
+    for var in ("PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT"):
+        env.pop(var, None)
+    try:
+        res = subprocess.run([python, "-c", _PROBE, json.dumps(names)], capture_output=True,
+                             stdin=subprocess.DEVNULL, env=env, timeout=PROBE_TIMEOUT_S)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"{python} cannot be run: {exc}"}
+    if res.returncode != 0:
+        return {"error": "{} failed: {}".format(python, res.stderr.decode("utf-8", "replace").strip()[-400:])}
+    result: dict[str, Any] = json.loads(res.stdout.decode("utf-8"))
+    return result
+
+
+def _public(version: str) -> str:
+    return version.split("+")[0]
+
+
+def _version_release(public: str) -> tuple[object, ...]:
+    """``2.11`` and ``2.11.0`` alike (PEP 440 pads the release with zeros); other forms compared as written."""
+    parts: list[object] = [int(p) if p.isdigit() else p for p in public.lower().lstrip("v").split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def version_matches(installed: str, pin: str) -> bool:
+    """Whether pip takes ``installed`` for ``==pin``: a pin without a local label matches any local label of
+    its version (``==2.11.0`` takes ``2.11.0+cu130``, as pip does), one with a label only that label."""
+    have, _, have_local = installed.partition("+")
+    want, _, want_local = pin.partition("+")
+    if _version_release(have) != _version_release(want):
+        return False
+    return not want_local or have_local.lower() == want_local.lower()
+
+
+def torch_check(pins: dict[str, str], build: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """The node's torch against the wheels' ``torch==`` pins and the torch they were compiled with."""
+    versions = sorted(set(pins.values()))
+    if not versions and not build.get("torch"):
+        return check("torch", "SKIP", "not asked", "none: no wheel builds against torch")
+    want = versions[0] if len(versions) == 1 else " and ".join(versions)
+    cuda = build.get("torch_cuda") or "none (CPU)"
+    abi = build.get("torch_cxx11_abi")
+    needed = "torch {} (CUDA {}{})".format(
+        want or build.get("torch", ""), cuda, "" if abi is None else f", C++11 ABI {int(bool(abi))}"
+    )
+    if len(versions) > 1:
+        return check("torch", "FAIL", "(not asked)", needed, "the wheels pin different torches: rebuild them together")
+    installed = node.get("dists", {}).get("torch")
+    if not installed:
+        return check("torch", "FAIL", "torch not installed for this interpreter", needed,
+                     "install the torch the wheels were built against first")  # fmt: skip
+    info = node.get("torch")
+    if info is None:
+        return check("torch", "FAIL", "torch {} (cannot import: {})".format(installed, node.get("torch_error", "?")),
+                     needed)  # fmt: skip
+    shown = info["version"] if installed == info["version"] else f"{info['version']}, installed as {installed}"
+    found = "torch {} (CUDA {}, C++11 ABI {})".format(shown, info["cuda"] or "none (CPU)",
+                                                      int(bool(info["cxx11_abi"])))  # fmt: skip
+    problems = []
+    target = want or build.get("torch", "")
+    if target and not version_matches(installed, target):
+        problems.append(f"version {installed} is not {target}")
+    if (info["cuda"] or "") != (build.get("torch_cuda") or ""):
+        problems.append("CUDA {} is not {}".format(info["cuda"], build.get("torch_cuda") or None))
+    if abi is not None and bool(info["cxx11_abi"]) != bool(abi):
+        problems.append("its C++ ABI differs (the extensions would not load: undefined symbols)")
+    if problems:
+        return check("torch", "FAIL", found, needed, "; ".join(problems))
+    return check("torch", "PASS", found, needed)
+
+
+def provided_check(provided: list[str], node: dict[str, Any]) -> dict[str, Any]:
+    if not provided:
+        return check("provided", "SKIP", "not asked", "none: the lock's [runtime] provides nothing")
+    needed = ", ".join(provided)
+    missing, seen = [], []
+    for line in provided:
+        name, _, version = line.partition("==")
+        have = node.get("dists", {}).get(name)
+        if not have:
+            missing.append(f"{name} not installed")
+            continue
+        seen.append(f"{name} {have}")
+        if version and (have != version if "+" in version else _public(have) != version):
+            missing.append(f"{name} is {have}, not {version}")
+    if missing:
+        return check("provided", "FAIL", "; ".join(seen) or "none of them", needed, "; ".join(missing))
+    return check("provided", "PASS", "; ".join(seen), needed)
+
+
+# --------------------------------------------------------------------------- the wheelhouse
+
+
+def torch_pins(wheel_dir: str, filenames: list[str]) -> dict[str, str]:
+    """filename -> the exact torch its METADATA requires (``Requires-Dist: torch==X``), for those that pin one."""
+    pins = {}
+    for name in filenames:
+        try:
+            with zipfile.ZipFile(os.path.join(wheel_dir, name)) as zf:
+                meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+                text = zf.read(meta).decode("utf-8", "replace")
+        except (OSError, zipfile.BadZipFile, StopIteration):
+            continue
+        for line in text.split("\n\n", 1)[0].splitlines():
+            m = re.match(r"Requires-Dist:\s*torch\s*===?\s*([^\s;,]+)\s*$", line)
+            if m:
+                pins[name] = m.group(1)
+    return pins
+
+
+def load_spec(wheel_dir: str) -> dict[str, Any]:
+    path = os.path.join(wheel_dir, SPEC_FILE)
+    with open(path, encoding="utf-8") as fh:
+        spec: dict[str, Any] = json.load(fh)
+    if spec.get("format") != SPEC_FORMAT:
+        raise ValueError("{}: format {!r}, this checker reads {}".format(path, spec.get("format"), SPEC_FORMAT))
+    return spec
+
+
+def run(wheel_dir: str, *, python: str = "", gpu: str = "auto", library: str = "") -> list[dict[str, Any]]:
+    """Every check of the node against the wheelhouse ``wheel_dir`` (its preflight.json)."""
+    spec = load_spec(wheel_dir)
+    build = spec.get("build", {})
+    wheels = [w["filename"] for w in spec.get("wheels", [])]
+    cuda_wheels = [w["filename"] for w in spec.get("wheels", []) if w.get("cuda")]
+    provided = list(spec.get("provided", []))
+    names = sorted({"torch", *(line.partition("==")[0] for line in provided)})
+    node = probe_python(python or sys.executable, names)
+    driver = read_driver(library) if gpu != "off" and spec.get("archs") else {}
+    results = [
+        driver_check(driver, build.get("cuda", ""), gpu),
+        gpu_check(driver, list(spec.get("archs", [])), cuda_wheels, gpu),
+        glibc_check(wheels, build.get("glibc", ""), glibc_version()),
+    ]
+    if "error" in node:
+        for name in ("python", "torch", "provided"):
+            results.append(check(name, "FAIL", node["error"], "an interpreter to install into"))
+        return results
+    results.append(python_check(wheels, node))
+    results.append(torch_check(torch_pins(wheel_dir, wheels), build, node))
+    results.append(provided_check(provided, node))
+    return results
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in results:
+        text = "{:<4}  {:<8}  found: {}; needed: {}".format(r["status"], r["check"], r["found"], r["needed"])
+        lines.append(text + (" -- " + r["detail"] if r["detail"] else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description="dict[str, Any] this node against what a wheelhouse needs.")
+    parser.add_argument("--wheels", default=here, help="the wheelhouse (default: this file's directory)")
+    parser.add_argument("--python", default="", help="the interpreter the wheels go into (default: this one)")
+    parser.add_argument("--gpu", choices=("auto", "off"), default="auto", help="off: a node without GPUs")
+    parser.add_argument("--json", default="", help="also write the report as JSON to this file")
+    args = parser.parse_args(argv)
+    try:
+        results = run(args.wheels, python=args.python, gpu=args.gpu)
+    except (OSError, ValueError) as exc:
+        print(f"preflight: cannot read the wheelhouse's {SPEC_FILE} ({exc}); it comes with `doit wheels`",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_UNREADABLE
+    failed = [r for r in results if r["status"] == "FAIL"]
+    sys.stdout.write(render(results))
+    summary = (
+        f"preflight: {len(failed)} of {len(results)} checks failed"
+        if failed
+        else (f"preflight: this node can take the wheels in {args.wheels}")
+    )
+    print(summary)
+    if args.json:
+        report = {"wheels": os.path.abspath(args.wheels), "node": platform.node(), "ok": not failed,
+                  "checks": results}  # fmt: skip
+        tmp = args.json + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, args.json)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""A run's stages: the shared Context, patching, building, the wheelhouse and its attestations."""
