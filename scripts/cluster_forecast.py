@@ -6,7 +6,7 @@
 
 For each package, from the lock's hints (``patches/<pkg>/unit-times.json``, the seconds each unit took in
 a recorded build, and ``unit-memory.json``, else the package's ``mem_per_job_gb``), the schedule the
-run's broker would follow (tasks/cli/plan.py ``simulate``, the rules of tasks/engine/admission.py): on one host of
+run's broker would follow (tasks/engine/forecast.py ``simulate``, which asks tasks/engine/admission.py): on one host of
 ``--host-cores`` cores and ``--host-mem`` GB, and on ``--nodes`` nodes of ``--cores`` cores and ``--mem`` GB
 (slots: cores over the package's ``NVCC_THREADS``, as each unit asks Ray for that many CPUs). The cluster's
 memory is modelled as one budget (every node's), and each unit's expected peak is checked to fit one
@@ -21,19 +21,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.cli.plan import PackageWork, UnitWork, simulate
-from tasks.engine import admission, jobserver
+from tasks.engine import admission
+from tasks.engine.forecast import PackageWork, UnitWork, simulate
 from tasks.lock.lockfile import Package, load_lock
 from tasks.outside import ninjaorder
+from tasks.store import history
 
 
 def _work(patches: Path, pkg: Package, slots: int) -> PackageWork | None:
     times = ninjaorder.load_times(patches / pkg.name / ninjaorder.HINTS_FILE)
     if not times:
         return None
-    expect = admission.Plan(
+    expect = admission.Expectations(
         records={},
-        hints=jobserver.load_memory(patches / pkg.name / jobserver.MEMORY_HINTS_FILE),
+        hints=history.load_memory(patches / pkg.name / history.MEMORY_HINTS_FILE),
         default_mb=pkg.mem_per_job_gb * 1024,
     )
     units = tuple(UnitWork(u, s, expect.expect(u).peak_mb) for u, s in sorted(times.items()))

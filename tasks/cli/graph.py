@@ -672,7 +672,7 @@ def task_wheels() -> TaskDict:
     ctx = context()
     if ctx.settings.shard is not None:
         from tasks.engine.admission import shard_packages
-        from tasks.outside.ninjaorder import package_weights
+        from tasks.store.history import package_weights
 
         weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages])
         names = shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights)

@@ -1,27 +1,16 @@
 """``doit plan``: what a build would do, why, and how long, before it runs.
 
-Two pure parts, tested without processes:
-
-- :func:`diff_inputs` names the inputs of an action key that differ between two key documents
-  (``torch 2.11.0+cu130 -> 2.11.1+cu130``, ``patch 0002-x.patch changed``, ``env NVTE_CUDA_ARCHS 90a ->
-  90a;100a``), and :func:`nearest` picks, of the earlier builds of a package that the cache or the remote
-  knows, the one with the fewest differing inputs (ties: the most recent);
-- :func:`simulate` forecasts a run from recorded units (seconds, expected peak memory) with the broker's
-  policy (tasks/engine/admission.py): job slots, a token to the waiting unit of the highest package priority,
-  then first come, each package's units longest first (tasks/outside/ninjaorder.py), memory admission against the
-  budget where a unit that does not fit waits and only units that leave its room free pass it, the last
-  token kept for the top package while it runs nothing, and at most ``tasks`` packages at once (doit's
-  ``num_process``).
-
-The rest reads the cache (``timings/``, the wheel entries' key documents), the lock's hints and, with
-``remote=``, the remote's records; :func:`make_plan` writes nothing but what probing the toolchain
-memoises. :func:`record_build` is the one writer: after a build, the package's wall time and the part of
-it outside compile units (pip, CMake's configure, the link), ``timings/<package>.build.json``.
+:func:`diff_inputs` names the inputs of an action key that differ between two key documents (``torch
+2.11.0+cu130 -> 2.11.1+cu130``, ``patch 0002-x.patch changed``, ``env NVTE_CUDA_ARCHS 90a -> 90a;100a``),
+and :func:`nearest` picks, of the earlier builds of a package that the cache or the remote knows, the one
+with the fewest differing inputs (ties: the most recent); both pure. :func:`make_plan` reads the run's
+Context, the wheelhouse and the remote and asks the forecast (tasks/engine/forecast.py, on the scheduler's
+own policy) how long the builds take, from the build history (tasks/store/history.py); it writes nothing
+but what probing the toolchain memoises. :func:`render_text` and :func:`to_json` present it.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import os
 import time
@@ -29,6 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tasks.engine.forecast import Forecast, forecast_run, run_budget
+from tasks.store.history import Earlier, local_builds, read_json
 
 if TYPE_CHECKING:
     from tasks.lock.lockfile import Package
@@ -186,16 +178,6 @@ def _patch_changes(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, 
     return out
 
 
-@dataclass(frozen=True)
-class Earlier:
-    """A build of the package that the cache or the remote knows: its key, key document, when, where."""
-
-    key: str
-    document: Mapping[str, Any]
-    time: float
-    where: str  # "local" or "remote"
-
-
 def nearest(document: Mapping[str, Any], earlier: Iterable[Earlier]) -> tuple[Earlier, list[str]] | None:
     """The earlier build with the fewest inputs differing from ``document``, ties to the most recent;
     with the differences. None when there is none."""
@@ -206,333 +188,6 @@ def nearest(document: Mapping[str, Any], earlier: Iterable[Earlier]) -> tuple[Ea
         if best is None or rank < (best[0], best[1]):
             best = (rank[0], rank[1], e, changes)
     return None if best is None else (best[2], best[3])
-
-
-# --------------------------------------------------------------------------- the forecast
-
-
-@dataclass(frozen=True)
-class UnitWork:
-    """One compile: its seconds and the memory the broker expects it to hold (MB)."""
-
-    name: str
-    seconds: float
-    peak_mb: float = 0.0
-
-
-@dataclass(frozen=True)
-class PackageWork:
-    """One package's build as the forecast sees it: serial seconds outside compiles (pip, CMake's configure,
-    the link), its compile units, and its priority at the broker (admission.priority)."""
-
-    name: str
-    units: tuple[UnitWork, ...] = ()
-    serial_s: float = 0.0
-    priority: float = 0.0
-    #: After its last unit: what its ninja ran without a job slot (the links), the longest of them.
-    tail_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class PackageForecast:
-    start_s: float
-    end_s: float
-    units: int
-
-    @property
-    def wall_s(self) -> float:
-        return self.end_s - self.start_s
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """A run's forecast: its wall time (the last package's end), the most memory its running units are
-    expected to hold at once, and each package's start and end (seconds after the run starts)."""
-
-    wall_s: float
-    peak_mb: float
-    packages: Mapping[str, PackageForecast] = field(default_factory=dict)
-
-
-def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None = None, tasks: int = 8) -> Forecast:
-    """The broker's schedule of ``work`` (in doit's order) on ``slots`` job slots and ``budget_mb`` of memory.
-
-    Pure: no clock, no processes. Each package starts when one of doit's ``tasks`` is free, runs its serial
-    part, then offers its units longest first, at most ``slots`` at a time (ninja's ``-j``); the broker
-    admits a waiting unit when a token is free, by package priority then arrival, and, with a budget, when
-    its peak fits next to the running units' (a unit alone always runs); a unit that does not fit waits,
-    and only those behind it that leave its room free start. While the package of the highest priority
-    runs no compile, one token is kept for it (four slots or more).
-    """
-    slots = max(1, slots)
-    pending_start = list(range(len(work)))  # packages not started, doit's order
-    started: set[int] = set()
-    finished: set[int] = set()
-    queue: dict[int, list[UnitWork]] = {}  # package -> its units not yet offered, longest first
-    offered: dict[int, int] = {}  # package -> units offered (waiting or running)
-    running_of: dict[int, int] = {}
-    waiting: list[tuple[float, int, int, UnitWork]] = []  # (-priority, seq, package, unit)
-    running: list[tuple[float, int, int, float]] = []  # heap of (end, seq, package, peak)
-    events: list[tuple[float, int, int]] = []  # heap of (time, seq, package): serial part done
-    start_at: dict[int, float] = {}
-    pending_events: dict[int, int] = {}
-    tailed: set[int] = set()
-    end_at: dict[int, float] = {}
-    seq = 0
-    now = 0.0
-    peak = 0.0
-
-    def start_packages() -> None:
-        nonlocal seq
-        while pending_start and len(started) - len(finished) < tasks:
-            i = pending_start.pop(0)
-            started.add(i)
-            start_at[i] = now
-            queue[i] = sorted(work[i].units, key=lambda u: -u.seconds)
-            offered[i] = running_of[i] = 0
-            seq += 1
-            heapq.heappush(events, (now + max(0.0, work[i].serial_s), seq, i))
-            pending_events[i] = 1
-
-    def offer(i: int) -> None:
-        nonlocal seq
-        while queue.get(i) and offered[i] < slots:
-            unit = queue[i].pop(0)
-            seq += 1
-            waiting.append((-work[i].priority, seq, i, unit))
-            offered[i] += 1
-
-    def finish_if_done(i: int) -> None:
-        nonlocal seq
-        if i in finished or queue.get(i) or offered.get(i) or pending_events.get(i):
-            return
-        if work[i].tail_s > 0 and i not in tailed:  # its links, once its compiles are done
-            tailed.add(i)
-            seq += 1
-            heapq.heappush(events, (now + work[i].tail_s, seq, i))
-            pending_events[i] = 1
-            return
-        finished.add(i)
-        end_at[i] = now
-
-    def event(i: int) -> None:
-        pending_events[i] -= 1
-        offer(i)
-        finish_if_done(i)
-
-    def reserved() -> float:
-        return sum(r[3] for r in running)
-
-    def candidate() -> tuple[float, int, int, UnitWork] | None:
-        building = [i for i in started if i not in finished]
-        top = max((work[i].priority for i in building), default=0.0)
-        first = {i for i in building if work[i].priority == top} if top > 0 else set()
-        busy = any(running_of.get(i, 0) for i in first)
-        keep = 1 if first and not busy and slots >= 4 else 0
-        order = [w for w in sorted(waiting) if not keep or w[2] in first or len(running) < slots - keep]
-        if not order:
-            return None
-        room = (budget_mb or 0.0) - reserved()
-
-        def fits(u: UnitWork, room: float) -> bool:
-            return budget_mb is None or not running or u.peak_mb <= room
-
-        if fits(order[0][3], room):
-            return order[0]
-        room -= order[0][3].peak_mb
-        return next((w for w in order[1:] if fits(w[3], room)), None)
-
-    def grant() -> None:
-        nonlocal seq, peak
-        while waiting and len(running) < slots:
-            chosen = candidate()
-            if chosen is None:
-                return
-            waiting.remove(chosen)
-            _, _, i, unit = chosen
-            seq += 1
-            heapq.heappush(running, (now + max(0.0, unit.seconds), seq, i, unit.peak_mb))
-            running_of[i] += 1
-            peak = max(peak, reserved())
-
-    start_packages()
-    while True:
-        # Everything that happens at `now`: serial parts that end, units that end, packages that start.
-        while events and events[0][0] <= now:
-            event(heapq.heappop(events)[2])
-        while running and running[0][0] <= now:
-            _, _, i, _ = heapq.heappop(running)
-            running_of[i] -= 1
-            offered[i] -= 1
-            offer(i)
-            finish_if_done(i)
-        start_packages()
-        while events and events[0][0] <= now:  # a package with nothing serial and no units
-            event(heapq.heappop(events)[2])
-        grant()
-        upcoming = [t for t in (events[0][0] if events else None, running[0][0] if running else None) if t is not None]
-        if not upcoming:
-            break
-        now = min(upcoming)
-    packages = {
-        work[i].name: PackageForecast(
-            start_s=start_at.get(i, 0.0), end_s=end_at.get(i, start_at.get(i, 0.0)), units=len(work[i].units)
-        )
-        for i in range(len(work))
-    }
-    return Forecast(wall_s=max((p.end_s for p in packages.values()), default=0.0), peak_mb=peak, packages=packages)
-
-
-def hint_range(seconds: Iterable[float], slots: int) -> tuple[float, float]:
-    """What a package's compile units take on ``slots`` slots, bounded from their times alone: at least its
-    longest unit and its work spread over every slot, at most Graham's bound for any list schedule (the
-    work spread, plus the longest unit)."""
-    times = [max(0.0, s) for s in seconds]
-    if not times:
-        return 0.0, 0.0
-    spread = sum(times) / max(1, slots)
-    return max(max(times), spread), spread + max(times)
-
-
-def serial_seconds(record: Mapping[str, Any], units: Sequence[UnitWork], slots: int) -> float:
-    """The seconds of a package's build outside its compile units, from its last build's record
-    (:func:`record_build`): its wall time less the time its compiles ran or waited; where no ninja log
-    placed the compiles in time, less its units as :func:`simulate` places them alone on its slots."""
-    wall = float(record.get("wall_s") or 0.0)
-    covered = record.get("compile_s")
-    if isinstance(covered, int | float):
-        return max(0.0, wall - float(covered))
-    alone = simulate([PackageWork("alone", tuple(units))], slots=int(record.get("slots") or slots)).wall_s
-    return max(0.0, wall - float(record.get("wait_s") or 0.0) - alone)
-
-
-# --------------------------------------------------------------------------- records
-
-
-def build_record_path(cache_root: Path, package: str) -> Path:
-    return cache_root / "timings" / f"{package}.build.json"
-
-
-def record_build(
-    cache_root: Path,
-    package: str,
-    *,
-    key: str,
-    wall_s: float,
-    wait_s: float,
-    compile_s: float | None,
-    slots: int,
-    ninja_units: Sequence[str] = (),
-) -> None:
-    """After a build: its wall time, the part of it its compiles ran or waited for a token (None where no
-    ninja log said), its slots and its ninja log's edges, for the next forecast (``timings/<package>.build.json``)."""
-    from tasks.core.fsutil import write_atomic
-
-    doc = {
-        "key": key,
-        "wall_s": round(wall_s, 2),
-        "wait_s": round(wait_s, 2),
-        "slots": slots,
-        "time": time.time(),
-        "compile_s": None if compile_s is None else round(compile_s, 2),
-        "ninja_units": sorted(set(ninja_units)),
-    }
-    write_atomic(build_record_path(cache_root, package), json.dumps(doc, indent=1, sort_keys=True) + "\n")
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def split_units(
-    times: Mapping[str, float], gated: Iterable[str], ninja: Sequence[str]
-) -> tuple[dict[str, float], float]:
-    """A package's recorded units as the forecast runs them: (compile units -> seconds, its tail).
-
-    ``times``: every unit's seconds; ``gated``: those the gate ran (compiles, on a job slot); ``ninja``: the
-    edges its ninja log had at its last build. A preprocessor run (``core.cpp.E``, ccache's) is added to its
-    compile (``core.o``, ``core.cpp.o``), which it precedes. Where a ninja log and the gate both spoke, the
-    compiles are the gated ninja edges; the edges the gate did not run (links) make the tail, the longest of
-    them, after the compiles; gated units outside the ninja log (CMake's configure checks) are in the
-    package's serial part already. Otherwise every unit is a compile.
-    """
-    gated = set(gated)
-    merged = {u: t for u, t in times.items() if not u.endswith(".E")}
-    for unit, seconds in times.items():
-        if not unit.endswith(".E"):
-            continue
-        source = unit[: -len(".E")]
-        stem = source.rsplit(".", 1)[0]
-        target = next((n for n in sorted(merged) if n == f"{stem}.o" or n.startswith(f"{source}.")), None)
-        if target is not None:
-            merged[target] += seconds
-        else:
-            merged[unit] = seconds
-    if not ninja or not gated:
-        return merged, 0.0
-    edges = set(ninja)
-    compiles = {u: t for u, t in merged.items() if u in edges and u in gated}
-    tail = max((times.get(u, 0.0) for u in edges if u not in gated), default=0.0)
-    return compiles, tail
-
-
-def package_work(
-    cache_root: Path, patches_dir: Path, pkg: Package, *, slots: int
-) -> tuple[PackageWork, str, tuple[float, float] | None]:
-    """``pkg``'s work for the forecast, where its figures come from (``cache``, ``hints`` or ``none``) and,
-    without a record of this cache, the range its lock's hints give (else None)."""
-    from tasks.engine import admission, jobserver
-    from tasks.outside import ninjaorder
-
-    default_mb = pkg.mem_per_job_gb * 1024
-    memory = jobserver.load_memory(jobserver.memory_record(cache_root, pkg.name))
-    recorded = ninjaorder.load_times(cache_root / "timings" / f"{pkg.name}.json")
-    for unit, found in memory.items():  # the gate's own seconds: compiling, not waiting in the gate
-        seconds = found.get("seconds")
-        if isinstance(seconds, int | float) and "exit" not in found:
-            recorded[unit] = float(seconds)
-    hints = ninjaorder.load_times(patches_dir / pkg.name / ninjaorder.HINTS_FILE)
-    record = _read(build_record_path(cache_root, pkg.name))
-    times, origin = (recorded, "cache") if recorded or record else (hints, "hints" if hints else "none")
-    expect = admission.Plan(
-        records=memory,
-        hints=jobserver.load_memory(patches_dir / pkg.name / jobserver.MEMORY_HINTS_FILE),
-        default_mb=default_mb,
-    )
-    tail = 0.0
-    if origin == "cache":
-        ninja = record.get("ninja_units")
-        times, tail = split_units(times, memory, [str(u) for u in ninja] if isinstance(ninja, list) else [])
-    units = tuple(UnitWork(u, s, expect.expect(u).peak_mb) for u, s in sorted(times.items()))
-    serial = serial_seconds(record, units, slots) if record else 0.0
-    prio = admission.priority(
-        ninjaorder.known_times(cache_root, patches_dir / pkg.name / ninjaorder.HINTS_FILE, pkg.name), slots
-    )
-    span = hint_range(hints.values(), slots) if origin != "cache" and hints else None
-    return PackageWork(pkg.name, units, serial, prio, tail), origin, span
-
-
-# --------------------------------------------------------------------------- earlier builds
-
-
-def local_builds(cache_root: Path, package: str) -> list[Earlier]:
-    """The wheel cache's entries of ``package`` that keep their key document (every entry since the cache
-    stored them, built, placed or restored from a remote)."""
-    found = []
-    for meta_path in (cache_root / "wheels").glob("*/*/entry.json"):
-        meta = _read(meta_path)
-        doc = meta.get("key_document")
-        if meta.get("package") == package and isinstance(doc, dict):
-            try:
-                when = meta_path.stat().st_mtime
-            except OSError:
-                continue
-            found.append(Earlier(str(meta.get("key") or meta_path.parent.name), doc, when, "local"))
-    return found
 
 
 def object_reuse(pkg: Package, changes: Sequence[str], *, objcache: bool, objects: Path) -> tuple[str, str]:
@@ -583,7 +238,7 @@ class Line:
 
 
 @dataclass
-class Plan:
+class RunPlan:
     lock: str
     profile: str
     remote: str
@@ -591,40 +246,6 @@ class Plan:
     budget_mb: float | None
     lines: list[Line]
     forecast: Forecast
-
-
-def run_budget(ctx: Context, building: Sequence[Package]) -> tuple[int, float | None]:
-    """The run's job slots and memory budget (MB; None: tokens only), as :meth:`Context.jobserver` sizes them
-    (without starting ninja to ask its version: memory=unit counts as per unit)."""
-    from tasks.engine.jobserver import available_memory_gb, plan_budget
-
-    mem = ctx.settings.mem_gb
-    if mem is None:
-        mem = available_memory_gb()
-    per_unit = ctx.settings.memory == "unit"
-    budget = plan_budget(
-        cores=os.cpu_count() or 1,
-        mem_gb=mem,
-        heaviest_gb=max((p.mem_per_job_gb for p in building), default=0.0),
-        jobs=ctx.settings.jobs,
-        per_unit=per_unit,
-    )
-    return budget.slots, (mem * 1024 if per_unit and mem is not None else None)
-
-
-def forecast_run(
-    ctx: Context, building: Sequence[Package], budget: tuple[int, float | None] | None = None
-) -> tuple[Forecast, dict[str, tuple[str, Any]]]:
-    """The forecast of building ``building`` in this run (on ``budget``: slots and MB, else
-    :func:`run_budget`'s), and for each package where its figures come from and, without a record, its
-    range from the lock's hints."""
-    slots, budget_mb = budget or run_budget(ctx, building)
-    work, where = [], {}
-    for pkg in building:
-        w, origin, span = package_work(ctx.cache.root, ctx.lock.patches_dir, pkg, slots=slots)
-        work.append(w)
-        where[pkg.name] = (origin, span)
-    return simulate(work, slots=slots, budget_mb=budget_mb), where
 
 
 def _source_names(ctx: Context, pkg: Package, old: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
@@ -635,7 +256,7 @@ def _source_names(ctx: Context, pkg: Package, old: Mapping[str, Any]) -> dict[st
     for dest, name in ((".", pkg.source), *pkg.overlays):
         src = ctx.lock.sources[name]
         was = str(old_trees.get(dest) or "")
-        meta = _read(ctx.cache.source_dir(was) / "meta.json") if was else {}
+        meta = read_json(ctx.cache.source_dir(was) / "meta.json") if was else {}
         old_label = str(meta.get("commit") or "")[:7] or was[:12]
         out[dest] = (name, old_label, (src.commit or "")[:7] or src.tree_sha256[:12])
     return out
@@ -666,14 +287,14 @@ def _shard(ctx: Context) -> tuple[Package, ...]:
     if ctx.settings.shard is None:
         return ctx.packages
     from tasks.engine.admission import shard_packages
-    from tasks.outside.ninjaorder import package_weights
+    from tasks.store.history import package_weights
 
     weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages])
     names = set(shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights))
     return tuple(p for p in ctx.packages if p.name in names)
 
 
-def make_plan(ctx: Context) -> Plan:
+def make_plan(ctx: Context) -> RunPlan:
     """What `doit wheels` would do with this lock, profile, cache and remote; nothing is written."""
     from tasks.core.errors import FetchError
     from tasks.store.manifest import read_document
@@ -724,10 +345,10 @@ def make_plan(ctx: Context) -> Plan:
         lines.append(line)
         building.append(pkg)
     if not building:  # nothing to forecast: a no-op plan imports no more than a no-op `doit wheels`
-        return Plan(lock=str(ctx.lock.path), profile=ctx.settings.profile, remote=ctx.settings.remote,
+        return RunPlan(lock=str(ctx.lock.path), profile=ctx.settings.profile, remote=ctx.settings.remote,
                     slots=ctx.settings.jobs or os.cpu_count() or 1, budget_mb=None, lines=lines,
                     forecast=Forecast(0.0, 0.0))  # fmt: skip
-    forecast, where = forecast_run(ctx, building)
+    forecast, where = forecast_run(ctx.cache.root, ctx.lock.patches_dir, ctx.settings, building)
     for line in lines:
         if line.package in where:
             line.origin, line.range_s = where[line.package]
@@ -738,8 +359,8 @@ def make_plan(ctx: Context) -> Plan:
                 touched = _touched(ctx, ctx.package(line.package), line.changes)
                 if touched:
                     line.reuse = ("partial", f"{line.reuse[1]} (the changed patches touch {', '.join(touched)})")
-    slots, budget = run_budget(ctx, building)
-    return Plan(
+    slots, budget = run_budget(ctx.settings, building)
+    return RunPlan(
         lock=str(ctx.lock.path),
         profile=ctx.settings.profile,
         remote=ctx.settings.remote,
@@ -766,7 +387,7 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-def render_text(plan: Plan) -> str:
+def render_text(plan: RunPlan) -> str:
     """The plan for a person: one line per package, its reasons under it, then the forecast."""
     out = [f"plan for {plan.lock}, profile {plan.profile}" + (f", remote {plan.remote}" if plan.remote else "")]
     width = max((len(line.package) for line in plan.lines), default=0)
@@ -824,7 +445,7 @@ def render_text(plan: Plan) -> str:
     return "\n".join(out)
 
 
-def to_json(plan: Plan) -> dict[str, Any]:
+def to_json(plan: RunPlan) -> dict[str, Any]:
     """The plan for CI, schema :data:`SCHEMA` (documented in docs/tasks.md)."""
     packages = []
     for line in plan.lines:

@@ -197,8 +197,6 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         )
     objcache = _switch("objcache", doit_vars)
     objcache_size = _get("objcache_size", doit_vars)
-    from tasks.env.objcache import valid_size  # here: objcache imports what a no-op run does not need
-
     if not valid_size(objcache_size):
         raise ReproError(f"objcache_size={objcache_size!r}: give a size such as 20G or 500M")
     gpu = _get("gpu", doit_vars)
@@ -286,8 +284,6 @@ def _remote(doit_vars: dict[str, str]) -> tuple[str, bool, float]:
     raw_remote = _get("remote", doit_vars).strip()
     problem = None
     if raw_remote:
-        from tasks.store.remote import check_url  # only with a remote: it imports the HTTP client
-
         problem = check_url(raw_remote)
     if problem is not None:
         raise ReproError(f"remote={raw_remote!r}: {problem}")
@@ -340,3 +336,59 @@ def _doit_vars() -> dict[str, str]:
     from doit import doit_cmd
 
     return dict(doit_cmd._CMDLINE_VARS or {})
+
+
+# --------------------------------------------------------------------------- values checked here, used below
+
+
+def valid_size(text: str) -> bool:
+    """A ccache size: a number with an optional k/M/G/T (or Ki/Mi/Gi/Ti) suffix."""
+    body = text.rstrip("iB").rstrip("kKMGT") if text else ""
+    try:
+        return float(body) >= 0
+    except ValueError:
+        return False
+
+
+#: S3 bucket names: 3 to 63 lower-case letters, digits, dots and hyphens, a letter or digit at each end.
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # "" or a key prefix without leading or trailing "/"
+
+    def key(self, path: str) -> str:
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+
+def parse_s3_url(url: str) -> S3Location | str:
+    """``s3://bucket[/prefix]`` as a location, or what is wrong with it."""
+    if not url.startswith("s3://"):
+        return "not an s3:// URL"
+    rest = url[len("s3://") :].rstrip("/")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        return "no bucket: give s3://bucket or s3://bucket/prefix"
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        return (
+            f"{bucket!r} is not an S3 bucket name (3 to 63 lower-case letters, digits, dots and hyphens, "
+            "beginning and ending with a letter or digit)"
+        )
+    if any(c in rest for c in "?#") or any(part in ("", ".", "..") for part in prefix.split("/") if prefix):
+        return f"prefix {prefix!r}: give plain path segments, e.g. s3://{bucket}/reprostack/wheels"
+    return S3Location(bucket, prefix)
+
+
+def check_url(url: str) -> str | None:
+    """What is wrong with a ``remote=`` URL, or None."""
+    if url.startswith("s3://"):
+        location = parse_s3_url(url)
+        return location if isinstance(location, str) else None
+    if url.startswith(("http://", "https://")) and len(url.split("://", 1)[1]) > 0:
+        return None
+    return "give the http(s) URL of a Bazel HTTP remote cache (http://cache:8080) or an S3 bucket (s3://bucket/prefix)"

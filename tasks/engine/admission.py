@@ -9,14 +9,14 @@ which waiting compile gets it. The rules, in the order they apply:
    more goes first of all), then first come;
 2. the held token: while the package of the highest priority builds and runs
    no compile, the last free token is kept for it (four slots or more);
-3. memory: a compile starts only when its expected peak (:class:`Plan`) fits
+3. memory: a compile starts only when its expected peak (:class:`Expectations`) fits
    in the budget beside what the running ones hold or are expected to reach
    (:func:`reserved`), and in what the host really has left; a compile that
    does not fit waits, and those behind it start only where they leave its
    room free. Alone, any compile runs.
 
 No sockets, processes or threads: tests/unit/test_admission.py calls these
-with plain values. tasks/cli/plan.py's forecast plays the same rules.
+with plain values; the forecast (tasks/engine/forecast.py) calls :func:`choose` on a simulated clock.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def expectation(found: Mapping[str, object] | None, default_mb: float) -> Expect
 
 
 @dataclass(frozen=True)
-class Plan:
+class Expectations:
     """A package's expectations: the cache's records by unit, the lock's hints by unit or pattern, a default."""
 
     records: dict[str, dict[str, object]]

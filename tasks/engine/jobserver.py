@@ -57,12 +57,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.core import proc
-from tasks.core.fsutil import write_atomic
 from tasks.engine import admission
-from tasks.engine.admission import Expect, Plan
+from tasks.engine.admission import Expect, Expectations
 from tasks.env import compilers
 from tasks.outside import gate as gate_module
 from tasks.outside import ninjaorder
+from tasks.store import history
 
 if TYPE_CHECKING:
     from tasks.engine.cluster import Cluster
@@ -166,7 +166,7 @@ class Broker:
         self._counts: dict[str, list[int]] = {}  # package -> [waiting, held]
         self._starved_since: dict[str, float] = {}
         self._starved: dict[str, list[tuple[float, float]]] = {}
-        self._plans: dict[str, Plan] = {}
+        self._plans: dict[str, Expectations] = {}
         self._results: dict[str, dict[str, dict[str, object]]] = {}
         self._lock = threading.Lock()
         self._log = log.open("a", buffering=1) if log is not None else None
@@ -199,7 +199,7 @@ class Broker:
         by unit, else what ``hints`` say, else ``default_mb``."""
         with self._lock:
             self._building[package] = priority
-            self._plans[package] = Plan(records=records or {}, hints=hints or {}, default_mb=default_mb)
+            self._plans[package] = Expectations(records=records or {}, hints=hints or {}, default_mb=default_mb)
         self._wake()
 
     def finished(self, package: str) -> None:
@@ -572,44 +572,11 @@ def _sock(obj: object) -> socket.socket:
     return obj
 
 
-#: The lock's expectations of a package's units (``patches/<pkg>/unit-memory.json``): unit file name or
-#: pattern -> ``{"peak_mb": ..., "peak_in": "cicc", "after_mb": ...}``. The cache's records win.
-MEMORY_HINTS_FILE = "unit-memory.json"
-
-
-def load_memory(path: Path) -> dict[str, dict[str, object]]:
-    """A unit-memory file (records or hints); anything unreadable counts as empty."""
-    return {k: v for k, v in ninjaorder.read_object(path).items() if isinstance(v, dict)}
-
-
-def memory_record(cache_root: Path, package: str) -> Path:
-    return cache_root / "timings" / f"{package}.memory.json"
-
-
-def record_memory(cache_root: Path, package: str, results: dict[str, dict[str, object]]) -> None:
-    """Add what a build's units held to the cache's record for ``package``: the newest run wins, except
-    that a unit killed for memory keeps the larger of its peaks."""
-    if not results:
-        return
-    path = memory_record(cache_root, package)
-    known = load_memory(path)
-    for unit, found in results.items():
-        entry = {
-            k: (round(v) if isinstance(v, float) and k.endswith("_mb") else v)
-            for k, v in found.items()
-            if k not in ("node", "since")
-        }
-        if found.get("killed") and unit in known:
-            entry["peak_mb"] = max(_mb(entry.get("peak_mb")), _mb(known[unit].get("peak_mb")))
-        known[unit] = entry
-    write_atomic(path, json.dumps(known, indent=0, sort_keys=True) + "\n")
-
-
 def _record_units(cache_root: Path, package: str, units: dict[str, dict[str, object]], log: Path) -> None:
     """Record what ``package``'s units held in the cache (the next run admits them by it) and say so in its log."""
-    record_memory(cache_root, package, units)
+    history.record_memory(cache_root, package, units)
     # The units' times too: an interrupted or failed build leaves no ninja log to take them from.
-    ninjaorder.record_times(
+    history.record_times(
         cache_root,
         package,
         {u: float(str(found["seconds"])) for u, found in units.items() if "seconds" in found and "exit" not in found},
@@ -845,7 +812,7 @@ class JobServer:
         session = Session(env={}, wait_log=out / "waits.log")
         prio = 0.0
         if self.clients:
-            times = ninjaorder.known_times(cache_root, patches / ninjaorder.HINTS_FILE, package)
+            times = history.known_times(cache_root, patches / history.TIMES_HINTS_FILE, package)
             if times:
                 times_file = out / "unit-times.json"
                 times_file.write_text(json.dumps(times))
@@ -861,8 +828,8 @@ class JobServer:
         broker.building(
             package,
             prio,
-            records=load_memory(memory_record(cache_root, package)),
-            hints=load_memory(patches / MEMORY_HINTS_FILE),
+            records=history.load_memory(history.memory_path(cache_root, package)),
+            hints=history.load_memory(patches / history.MEMORY_HINTS_FILE),
             default_mb=default_mb,
         )
         try:

@@ -185,10 +185,4 @@ def stats(stats_log: Path) -> Stats:
     return Stats(hits, counts["cache_miss"], counts["remote_storage_timeout"] + counts["remote_storage_error"])
 
 
-def valid_size(text: str) -> bool:
-    """A ccache size: a number with an optional k/M/G/T (or Ki/Mi/Gi/Ti) suffix."""
-    body = text.rstrip("iB").rstrip("kKMGT") if text else ""
-    try:
-        return float(body) >= 0
-    except ValueError:
-        return False
+# END

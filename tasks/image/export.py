@@ -30,21 +30,21 @@ from tasks.core.errors import ImageError
 from tasks.core.fsutil import rmtree, write_atomic
 from tasks.core.treehash import file_sha256
 from tasks.env import docker
-from tasks.image.image import Plan, make_plan, require_image
+from tasks.image.image import ImagePlan, make_plan, require_image
 from tasks.stages.context import Context
 
 SKOPEO_HINT = "install skopeo (Debian/Ubuntu: `sudo apt-get install skopeo`; Fedora/RHEL: `dnf install skopeo`)"
 
 
-def stem(plan: Plan) -> str:
+def stem(plan: ImagePlan) -> str:
     return f"{plan.spec.name.replace('/', '_')}-{plan.key[:12]}"
 
 
-def record_path(ctx: Context, plan: Plan) -> Path:
+def record_path(ctx: Context, plan: ImagePlan) -> Path:
     return ctx.settings.export_dir / f"{stem(plan)}.json"
 
 
-def is_current(ctx: Context, plan: Plan) -> bool:
+def is_current(ctx: Context, plan: ImagePlan) -> bool:
     """The export of this plan exists: its record names the key, and the files have the recorded sizes."""
     try:
         record = json.loads(record_path(ctx, plan).read_text())

@@ -33,13 +33,13 @@ from typing import Any
 
 from filelock import FileLock
 
+from tasks.core.digest import canonical_json
 from tasks.core.errors import ImageError, ReproError
 from tasks.core.fsutil import rmtree
 from tasks.core.imageref import label_key, parse_reference, short_id
 from tasks.core.treehash import file_sha256, tree_sha256
 from tasks.env import docker
 from tasks.image.layer import base_history, config_bytes, image_config, normalize_layer, write_docker_archive
-from tasks.lock.keys import canonical_json
 from tasks.lock.lockfile import ImageSpec
 from tasks.stages.context import Context
 from tasks.store.manifest import MANIFEST_FILE, load_document
@@ -80,7 +80,7 @@ class Wheelhouse:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class ImagePlan:
     """Everything `doit image` builds from, and what it will call the result."""
 
     spec: ImageSpec
@@ -271,7 +271,7 @@ def resolve_image_id(image_id: str, *, setting: str) -> str:
     return str(info["Id"])
 
 
-def make_plan(ctx: Context) -> Plan:
+def make_plan(ctx: Context) -> ImagePlan:
     """The plan of the current lock, profile, wheelhouse, docker_dir and base (no hashing of wheels)."""
     spec = image_spec(ctx)
     base = base_pin(ctx, spec)
@@ -293,13 +293,13 @@ def make_plan(ctx: Context) -> Plan:
     )
     doc = key_document(spec=spec, base=base, house=house, docker_tree=docker_tree, labels=labels)
     key = hashlib.sha256(canonical_json(doc)).hexdigest()
-    return Plan(spec=spec, base=base, key=key, labels={**labels, KEY_LABEL: key}, document=doc)
+    return ImagePlan(spec=spec, base=base, key=key, labels={**labels, KEY_LABEL: key}, document=doc)
 
 
 # --------------------------------------------------------------------------- docker
 
 
-def current_image(plan: Plan) -> dict[str, Any] | None:
+def current_image(plan: ImagePlan) -> dict[str, Any] | None:
     """The built image of ``plan``, if the daemon has it under its tag with its key."""
     info = docker.inspect_image(plan.tag)
     if info is None or docker.image_labels(info).get(KEY_LABEL) != plan.key:
@@ -340,7 +340,7 @@ def check_wheelhouse(ctx: Context, house: Wheelhouse) -> None:
         )
 
 
-def local_base(plan: Plan) -> dict[str, Any]:
+def local_base(plan: ImagePlan) -> dict[str, Any]:
     """The base image in the local daemon; a clear error when it is not there."""
     info = docker.inspect_image(plan.base.lookup)
     if info is not None:
@@ -356,7 +356,7 @@ def local_base(plan: Plan) -> dict[str, Any]:
     raise ImageError(f"base={plan.base.pin['id']}: no such image in the local docker daemon (`docker images`)")
 
 
-def _stage_context(plan: Plan, house: Wheelhouse, dest: Path) -> None:
+def _stage_context(plan: ImagePlan, house: Wheelhouse, dest: Path) -> None:
     """What the install container gets at /reprostack: docker_dir's files, and wheels/ with the wheelhouse."""
     rmtree(dest)
     shutil.copytree(plan.spec.docker_dir, dest, symlinks=True)
@@ -378,7 +378,7 @@ def failed_install_step(output: str) -> str:
     return " ".join(steps[-1].split()) if steps else ""
 
 
-def _install_venv(plan: Plan, base_id: str, context: Path, raw: Path, log: Path) -> None:
+def _install_venv(plan: ImagePlan, base_id: str, context: Path, raw: Path, log: Path) -> None:
     """Run install-wheels.sh in a container of the base (no network); PREFIX as a tar in ``raw``."""
     name = f"reprostack-install-{plan.key[:12]}-{os.getpid()}"
     command = [f"{STAGE}/{INSTALL_SCRIPT}", plan.spec.python, plan.spec.prefix, f"{STAGE}/wheels"]
@@ -403,7 +403,7 @@ def _install_venv(plan: Plan, base_id: str, context: Path, raw: Path, log: Path)
 
 
 def plan_config(
-    plan: Plan, base: Mapping[str, Any], history: Sequence[Mapping[str, Any]], diff_id: str, wheels: int
+    plan: ImagePlan, base: Mapping[str, Any], history: Sequence[Mapping[str, Any]], diff_id: str, wheels: int
 ) -> bytes:
     """The image config of ``plan`` on ``base`` (``docker image inspect``) whose new layer is ``diff_id``."""
     return config_bytes(
@@ -421,7 +421,7 @@ def plan_config(
     )
 
 
-def _write_image(plan: Plan, base: Mapping[str, Any], raw: Path, work: Path, log: Path, wheels: int) -> str:
+def _write_image(plan: ImagePlan, base: Mapping[str, Any], raw: Path, work: Path, log: Path, wheels: int) -> str:
     """The layer, config and docker-archive of ``plan`` from the venv tar ``raw``, loaded; return the image ID.
 
     Each intermediate file is removed once the next one is written, so at most
@@ -443,7 +443,7 @@ def _write_image(plan: Plan, base: Mapping[str, Any], raw: Path, work: Path, log
     return image_id
 
 
-def build_image(ctx: Context) -> Plan:
+def build_image(ctx: Context) -> ImagePlan:
     """Build the runtime image of the current plan, or reuse it; return the plan."""
     docker.check_daemon()
     plan = make_plan(ctx)
@@ -486,7 +486,7 @@ def build_image(ctx: Context) -> Plan:
     return plan
 
 
-def require_image(ctx: Context) -> tuple[Plan, dict[str, Any]]:
+def require_image(ctx: Context) -> tuple[ImagePlan, dict[str, Any]]:
     """The current image, which `doit image` must have built."""
     docker.check_daemon()
     plan = make_plan(ctx)

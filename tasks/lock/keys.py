@@ -1,12 +1,10 @@
-"""The action key: the sha256 of everything that can change a package's wheel.
+"""The action key's document: everything that can change a package's wheel (its digest: tasks/core/digest.py).
 
 Pure. Job counts and log verbosity are deliberately not part of the key.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,10 +13,6 @@ from tasks.lock.lockfile import Package, Source
 #: Bump when the build recipe's semantics change (new env, new normalisation, ...).
 #: 2: builds at a canonical path with reproducibility flags (tasks/env/reproducible.py).
 RECIPE_FORMAT = 2
-
-
-def canonical_json(doc: Any) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def key_document(
@@ -71,7 +65,3 @@ def key_document(
     if requires_added:
         doc["requires_added"] = list(requires_added)
     return doc
-
-
-def action_key(doc: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(doc)).hexdigest()

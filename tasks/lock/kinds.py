@@ -8,22 +8,18 @@ writes for it (``mirror_entry``), and how provenance and the SBOM describe it (`
 ``sbom``). The rest of tasks/ asks :func:`of` for a source's kind and never compares kind names; an
 unknown kind is a :class:`LockError`, never a default.
 
-Layering (each module imports only the ones above it in this list, never one below):
-
-- tasks/lock/schema.py: field checks and the problem collector;
-- the transports: tasks/lock/git.py, tasks/lock/pypi.py, tasks/core/net.py, tasks/core/archive.py,
-  tasks/store/cache.py, tasks/core/treehash.py;
-- this module, which imports those two layers only. It never imports the lock model at run time:
-  a kind receives a :class:`~tasks.lock.lockfile.Source` and returns new ones with
-  :func:`dataclasses.replace`, so it needs that class as a type only (for mypy);
-- tasks/lock/lockfile.py, which validates each ``[sources.NAME]`` with its kind's ``fields`` and ``check``;
-- tasks/lock/fetch.py, tasks/cli/lockcmd.py, tasks/stages/provenance.py, tasks/stages/sbom.py,
-  tasks/cli/graph.py, which call the kinds' methods.
+Layering: this module holds the model the kinds act on (:class:`Source`, :class:`Submodule`) and
+imports the field checks (tasks/lock/schema.py) at the top; the transports (tasks/lock/git.py,
+tasks/lock/pypi.py, tasks/core/net.py, tasks/core/archive.py, tomlkit for `doit lock`'s tables) are
+imported inside the methods that fetch, so that parsing a lock (tasks/lock/lockfile.py, which validates
+each ``[sources.NAME]`` with its kind's ``fields`` and ``check``) loads none of them. Callers of the
+kinds' methods: tasks/lock/fetch.py, tasks/cli/lockcmd.py, tasks/stages/provenance.py,
+tasks/stages/sbom.py, tasks/cli/graph.py.
 
 Adding a kind: subclass :class:`TreeKind` (a tree packages build from; implement ``pin``,
 ``complete``, ``materialize`` and the descriptions, and ``_resolve``/``_pinned`` if `doit lock`
 pins more than the tree hash) or :class:`SourceKind`, and add an instance to :data:`KINDS`. Its
-values live in :class:`~tasks.lock.lockfile.Source`'s fields (``url``, ``ref``, ``commit``, ``sha256``,
+values live in :class:`Source`'s fields (``url``, ``ref``, ``commit``, ``sha256``,
 ``filename``, ...): ``check`` returns the ones it derives from keys of its own. A kind kept outside
 this repository is a plugin: ``REPRO_SOURCE_KINDS`` names modules (comma-separated, importable from
 ``sys.path``), each with a sequence ``SOURCE_KINDS`` of kind instances; they are imported once, when
@@ -42,16 +38,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urlparse
 
-import tomlkit
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from tasks.core import net, proc
-from tasks.core.archive import pack_tree, unpack
 from tasks.core.errors import FetchError, LockError, VerificationError
 from tasks.core.fsutil import copy_atomic
 from tasks.core.treehash import FileFilter, file_sha256, tree_sha256
-from tasks.lock import git, pypi
 from tasks.lock.schema import (
     Field,
     Problems,
@@ -64,10 +56,9 @@ from tasks.lock.schema import (
     is_table,
     suggest,
 )
-from tasks.store.cache import Cache
 
 if TYPE_CHECKING:
-    from tasks.lock.lockfile import Source
+    from tasks.store.cache import Cache
 
 #: The environment variable naming plugin modules of more kinds (see the module's docstring).
 PLUGINS_VAR = "REPRO_SOURCE_KINDS"
@@ -95,6 +86,31 @@ class Submodule:
     url: str
     commit: str
     license: str = ""  # SPDX license id or expression, for the SBOM
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """One pinned upstream input. ``tree_sha256`` covers the kept tree."""
+
+    name: str
+    kind: str
+    url: str = ""
+    ref: str = ""
+    commit: str = ""
+    submodules: tuple[Submodule, ...] = ()
+    project: str = ""
+    version: str = ""
+    filename: str = ""
+    sha256: str = ""
+    tree_sha256: str = ""
+    strip: int | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    license: str = ""  # SPDX license id or expression, for the SBOM
+
+    def pin(self) -> dict[str, Any]:
+        """The identifying fields of this source, for manifests and keys (its kind's, tasks/lock/kinds.py)."""
+        return of(self.kind).pin(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +220,8 @@ class TreeKind(SourceKind):
         return "", {}
 
     def mirror_entry(self, src: Source, *, cache: Cache, mirror: Path) -> str:
+        from tasks.core.archive import pack_tree
+
         entry = cache.source_dir(src.tree_sha256)
         archive = entry / "archive"
         if archive.is_file() and src.sha256:
@@ -266,6 +284,10 @@ class Git(TreeKind):
         return bool(src.tree_sha256) and bool(src.commit) and all(s.commit for s in src.submodules)
 
     def _resolve(self, src: Source, *, cache: Cache, log: Path, refresh: bool) -> tuple[Source, dict[str, Any]]:
+        import tomlkit
+
+        from tasks.lock import git
+
         commit = src.commit
         if src.ref and (refresh or not commit):
             commit = git.resolve_ref(src.url, src.ref)
@@ -307,6 +329,8 @@ class Git(TreeKind):
     def materialize(
         self, src: Source, work: Path, *, cache: Cache, mirror: Path | None, log: Path
     ) -> tuple[Path, dict[str, Any]]:
+        from tasks.lock import git
+
         root = work / "tree"
         root.mkdir()
         repo = cache.git_dir(git.url_hash(src.url))
@@ -382,6 +406,9 @@ class ArchiveKind(TreeKind):
     def materialize(
         self, src: Source, work: Path, *, cache: Cache, mirror: Path | None, log: Path
     ) -> tuple[Path, dict[str, Any]]:
+        from tasks.core import proc
+        from tasks.core.archive import unpack
+
         meta: dict[str, Any] = {}
         archive = work / "archive"
         origin_archive = _mirror_archive(mirror, src)
@@ -427,6 +454,8 @@ class Url(ArchiveKind):
         return bool(src.tree_sha256) and bool(src.sha256)
 
     def _download(self, src: Source, dest: Path) -> str:
+        from tasks.core import net
+
         net.download(src.url, dest)
         return src.url
 
@@ -502,6 +531,8 @@ class Pypi(ArchiveKind):
         return bool(src.tree_sha256) and bool(src.filename and src.sha256)
 
     def _resolve(self, src: Source, *, cache: Cache, log: Path, refresh: bool) -> tuple[Source, dict[str, Any]]:
+        from tasks.lock import pypi
+
         edits: dict[str, Any] = {}
         if not src.filename:
             candidates = [
@@ -514,6 +545,9 @@ class Pypi(ArchiveKind):
         return (replace(src, sha256="") if refresh else src), edits
 
     def _download(self, src: Source, dest: Path) -> str:
+        from tasks.core import net
+        from tasks.lock import pypi
+
         link = pypi.find_file(src.project, src.filename)
         if link.sha256 and src.sha256 and link.sha256 != src.sha256:
             raise VerificationError(
@@ -576,6 +610,8 @@ class Wheel(SourceKind):
     ) -> tuple[dict[str, Any], str]:
         """The sha256 of the wheel, downloaded once (kept in the fetched store); where the URL cannot be
         reached here the pin stays empty and the line says how to fill it."""
+        from tasks.core import net
+
         with cache.staging(f"lock-{src.name}") as work:
             path = work / src.filename
             try:
@@ -679,6 +715,8 @@ def materialize(
 ) -> tuple[Path, dict[str, Any]]:
     """Produce the kept tree of ``src`` under ``work`` (not yet verified against the tree hash): from the
     mirror's tree, else as its kind makes it. Returns the tree root and metadata (origin, archive sha256)."""
+    from tasks.core.archive import unpack
+
     kind = of(src.kind)
     meta: dict[str, Any] = {"source": src.pin()}
     mirrored = _mirror_tree(mirror, src)

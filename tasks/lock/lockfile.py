@@ -23,6 +23,7 @@ from packaging.utils import canonicalize_name
 from tasks.core.errors import LockError
 from tasks.core.imageref import is_digest, parse_reference
 from tasks.lock import kinds
+from tasks.lock.kinds import Source as Source
 from tasks.lock.kinds import Submodule as Submodule
 from tasks.lock.schema import SHA256_RE
 from tasks.lock.schema import Field as _Field
@@ -145,31 +146,6 @@ class Toolchain:
     hermetic: tuple[WheelPin, ...] = ()
     #: ``[toolchain.hermetic] wheels``: sources of kind "wheel" installed there too (a pinned torch, say).
     hermetic_wheels: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Source:
-    """One pinned upstream input. ``tree_sha256`` covers the kept tree."""
-
-    name: str
-    kind: str
-    url: str = ""
-    ref: str = ""
-    commit: str = ""
-    submodules: tuple[Submodule, ...] = ()
-    project: str = ""
-    version: str = ""
-    filename: str = ""
-    sha256: str = ""
-    tree_sha256: str = ""
-    strip: int | None = None
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    license: str = ""  # SPDX license id or expression, for the SBOM
-
-    def pin(self) -> dict[str, Any]:
-        """The identifying fields of this source, for manifests and keys (its kind's, tasks/lock/kinds.py)."""
-        return kinds.of(self.kind).pin(self)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -134,31 +134,6 @@ def load_times(path: Path) -> dict[str, float]:
 
 
 HINTS_FILE = "unit-times.json"
-
-
-def package_weights(patches_dir: Path, packages: Iterable[str]) -> dict[str, float]:
-    """Each package's compile seconds from the lock's ``patches/<pkg>/unit-times.json`` (what shards weigh)."""
-    return {name: sum(load_times(patches_dir / name / HINTS_FILE).values()) for name in packages}
-
-
-def known_times(cache_root: Path, hints: Path | None, package: str) -> dict[str, float]:
-    """Unit times for ``package``: the lock's hints (``patches/<pkg>/unit-times.json``), then this cache's record."""
-    times = load_times(hints) if hints is not None else {}
-    times.update(load_times(cache_root / "timings" / f"{package}.json"))
-    return times
-
-
-def record_times(cache_root: Path, package: str, seconds: Mapping[str, float]) -> None:
-    """Add a build's unit times to the cache's record for ``package`` (newest wins)."""
-    if not seconds:
-        return
-    path = cache_root / "timings" / f"{package}.json"
-    times = load_times(path)
-    times.update({k: round(v, 1) for k, v in seconds.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(dict(sorted(times.items())), indent=0) + "\n")
-    os.replace(tmp, path)
 
 
 def main(argv: Sequence[str]) -> int:

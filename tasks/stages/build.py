@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.cli import plan
 from tasks.core import proc, workspace
 from tasks.core.errors import BuildError
 from tasks.core.fsutil import rmtree
@@ -29,9 +28,9 @@ from tasks.engine.timeline import Outcome, Progress, Unit, interval_union, parse
 from tasks.env import build_container, compilers, docker, objcache, reproducible, toolchain
 from tasks.lock.fetch import ensure_wheel, verified_source
 from tasks.lock.lockfile import Package
-from tasks.outside import ninjaorder
 from tasks.stages.context import Context
 from tasks.stages.patch import stage_package
+from tasks.store import history
 from tasks.store.cache import WheelEntry
 from tasks.store.wheelnorm import DEFAULT_EPOCH, normalize_wheel
 
@@ -287,7 +286,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 },
             )
         units = ninja_units(stage_dir, wall_start)
-        ninjaorder.record_times(
+        history.record_times(
             ctx.cache.root, pkg.name, {os.path.basename(u.output): (u.end_ms - u.start_ms) / 1000 for u in units}
         )
         ctx.record(
@@ -306,11 +305,11 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                 nodes=list(built.nodes),
             )
         )
-        # For the next forecast (tasks/cli/plan.py): the part of the wall time its compiles ran or waited.
+        # For the next forecast (tasks/engine/forecast.py): the part of the wall time its compiles ran or waited.
         spans = [(wall_start + u.start_ms / 1000, wall_start + u.end_ms / 1000) for u in units]
         covered = interval_union([*spans, *built.waits], wall_start, wall_start + seconds) if units else None
         edges = [os.path.basename(u.output) for u in units]
-        plan.record_build(ctx.cache.root, pkg.name, key=key, wall_s=seconds, wait_s=ctx.outcomes[pkg.name].wait_s,
+        history.record_build(ctx.cache.root, pkg.name, key=key, wall_s=seconds, wait_s=ctx.outcomes[pkg.name].wait_s,
                           compile_s=covered, slots=jobs, ninja_units=edges)  # fmt: skip
     finally:
         if os.environ.get("REPRO_KEEP_STAGE", "") in ("", "0"):

@@ -15,18 +15,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.core.digest import action_key
 from tasks.core.errors import FetchError, PatchError, ReproError, ToolchainError
 from tasks.core.settings import WORKSPACE_FILE, Settings, load_settings
 from tasks.core.treehash import file_sha256
 from tasks.env import reproducible, toolchain
-from tasks.lock.keys import RECIPE_FORMAT, action_key, key_document
+from tasks.lock.keys import RECIPE_FORMAT, key_document
 from tasks.lock.lockfile import Lock, Package, Runtime, arch_env, expand_env, load_lock
 from tasks.stages.patch import Patch
 from tasks.store.cache import Cache
 
 if TYPE_CHECKING:  # imported where used: a no-op run needs none of them (docs/building.md, "No-op")
-    from tasks.cli.plan import Forecast
     from tasks.engine.cluster import Cluster
+    from tasks.engine.forecast import Forecast
     from tasks.engine.jobserver import JobServer
     from tasks.engine.timeline import Outcome
     from tasks.env.build_container import Builder
@@ -46,7 +47,7 @@ class Context:
     _jobserver: JobServer | None = None
     _objcache: ObjectCache | bool | None = False  # False: not set up yet
     _skipped: dict[str, str] = field(default_factory=dict)
-    #: The run's forecast (tasks/cli/plan.py), made when the first build starts; the summary prints it
+    #: The run's forecast (tasks/engine/forecast.py), made when the first build starts; the summary prints it
     #: beside what happened.
     forecast: Forecast | None = None
     _forecast_known: set[str] = field(default_factory=set)  # packages the forecast had a record of
@@ -288,12 +289,14 @@ class Context:
 
     def _make_forecast(self, building: Sequence[Package], budget: tuple[int, float | None]) -> None:
         """Forecast the builds about to start (those the remote has are restored instead); never fails a run."""
-        from tasks.cli import plan
+        from tasks.engine import forecast as run_forecast
 
         try:
             if self.remote is not None:
                 building = [p for p in building if self.remote.lookup(self.key(p)[0]) is None]
-            forecast, where = plan.forecast_run(self, building, budget)
+            forecast, where = run_forecast.forecast_run(
+                self.cache.root, self.lock.patches_dir, self.settings, building, budget
+            )
         except Exception as exc:  # a forecast that cannot be made is a line, never a failed build
             print(f"note: no forecast for this run ({exc.__class__.__name__}: {exc})", flush=True)
             return

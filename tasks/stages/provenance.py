@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.core.digest import canonical_json
 from tasks.core.treehash import file_sha256
 
 #: The wheelhouse's CycloneDX SBOM (tasks/stages/attest.py writes it).
@@ -42,12 +43,6 @@ def statement_path(wheel_dir: Path, filename: str) -> Path:
     return wheel_dir / DIRECTORY / f"{filename}{SUFFIX}"
 
 
-def _canonical_json(doc: Any) -> bytes:
-    from tasks.lock.keys import canonical_json  # the lock's modules need `packaging`: only where statements are made
-
-    return canonical_json(doc)
-
-
 def source_descriptors(src: Source, path: str) -> list[dict[str, Any]]:
     """Resource descriptors of one source (and its submodules) placed at ``path`` in the build tree."""
     from tasks.lock import kinds
@@ -58,7 +53,7 @@ def source_descriptors(src: Source, path: str) -> list[dict[str, Any]]:
 def toolchain_descriptor(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "name": "toolchain",
-        "digest": {"sha256": hashlib.sha256(_canonical_json(dict(fingerprint))).hexdigest()},
+        "digest": {"sha256": hashlib.sha256(canonical_json(dict(fingerprint))).hexdigest()},
         "annotations": dict(fingerprint),
     }
 

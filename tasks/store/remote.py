@@ -37,7 +37,6 @@ import re
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,14 +44,15 @@ from packaging.utils import canonicalize_name
 
 from tasks.core import net
 from tasks.core.console import warn
-from tasks.lock.keys import action_key, canonical_json
+from tasks.core.digest import action_key, canonical_json
+from tasks.core.settings import S3Location, parse_s3_url
 from tasks.store.cache import Cache, WheelEntry
 from tasks.store.simple_index import wheel_problem, wheel_project
 
 if TYPE_CHECKING:
     import requests
 
-    from tasks.cli.plan import Earlier
+    from tasks.store.history import Earlier
 
 #: Tries per request (connection errors, timeouts, 5xx), with this backoff between them (HTTP, through
 #: tasks/core/net.py's session). An S3 request gets the same number of tries from botocore's "standard" retry mode.
@@ -64,9 +64,6 @@ _WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.+!-]+\.whl$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: Builds a package's history record on the remote keeps (the newest first).
 HISTORY = 16
-
-#: S3 bucket names: 3 to 63 lower-case letters, digits, dots and hyphens, a letter or digit at each end.
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 class RemoteUnavailable(Exception):
@@ -196,7 +193,7 @@ class Remote:
     def history(self, package: str) -> list[Earlier]:
         """The builds of ``package`` whose records this remote's history of it names (each key document
         checked against its key); empty when it has none or does not answer."""
-        from tasks.cli.plan import Earlier
+        from tasks.store.history import Earlier
 
         if self._off:
             return []
@@ -295,16 +292,6 @@ def open_store(url: str, *, timeout: float) -> Store:
     return HttpStore(url, timeout=timeout)
 
 
-def check_url(url: str) -> str | None:
-    """What is wrong with a ``remote=`` URL, or None."""
-    if url.startswith("s3://"):
-        location = parse_s3_url(url)
-        return location if isinstance(location, str) else None
-    if url.startswith(("http://", "https://")) and len(url.split("://", 1)[1]) > 0:
-        return None
-    return "give the http(s) URL of a Bazel HTTP remote cache (http://cache:8080) or an S3 bucket (s3://bucket/prefix)"
-
-
 # --------------------------------------------------------------------------- HTTP
 
 
@@ -373,36 +360,6 @@ class HttpStore:
 
 
 # --------------------------------------------------------------------------- S3
-
-
-@dataclass(frozen=True)
-class S3Location:
-    bucket: str
-    prefix: str  # "" or a key prefix without leading or trailing "/"
-
-    def key(self, path: str) -> str:
-        return f"{self.prefix}/{path}" if self.prefix else path
-
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
-
-
-def parse_s3_url(url: str) -> S3Location | str:
-    """``s3://bucket[/prefix]`` as a location, or what is wrong with it."""
-    if not url.startswith("s3://"):
-        return "not an s3:// URL"
-    rest = url[len("s3://") :].rstrip("/")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        return "no bucket: give s3://bucket or s3://bucket/prefix"
-    if not _BUCKET.match(bucket) or ".." in bucket:
-        return (
-            f"{bucket!r} is not an S3 bucket name (3 to 63 lower-case letters, digits, dots and hyphens, "
-            "beginning and ending with a letter or digit)"
-        )
-    if any(c in rest for c in "?#") or any(part in ("", ".", "..") for part in prefix.split("/") if prefix):
-        return f"prefix {prefix!r}: give plain path segments, e.g. s3://{bucket}/reprostack/wheels"
-    return S3Location(bucket, prefix)
 
 
 class S3Store:

@@ -22,13 +22,12 @@ from tasks.engine import admission
 from tasks.engine.jobserver import (
     JobServer,
     killed_for_memory,
-    load_memory,
-    memory_record,
     ninja_version,
-    record_memory,
 )
 from tasks.outside import ninjaorder
 from tasks.outside.gate import ENV_PACKAGE, ENV_PRIORITY, ENV_UNIT_TIMES, ENV_WAIT_LOG
+from tasks.store.history import load_memory, record_memory
+from tasks.store.history import memory_path as memory_record
 
 JOB = textwrap.dedent(
     """

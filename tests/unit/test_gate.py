@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.engine.admission import Expect, Plan
-from tasks.engine.jobserver import load_memory, memory_record, record_memory
+from tasks.engine.admission import Expect, Expectations
 from tasks.env import compilers
 from tasks.outside import gate
 from tasks.outside.gate import Unit, unit_name
+from tasks.store.history import load_memory, record_memory
+from tasks.store.history import memory_path as memory_record
 
 
 def test_a_unit_is_named_by_its_output_as_ninja_logs_it() -> None:
@@ -41,7 +42,7 @@ def test_a_unit_remembers_its_peak_the_process_it_came_in_and_its_rest() -> None
 
 
 def test_expectations_come_from_records_then_hints_then_the_package() -> None:
-    plan = Plan(
+    plan = Expectations(
         records={"k1.o": {"peak_mb": 6000, "peak_in": "cicc", "after_mb": 800}},
         hints={"k*.o": {"peak_mb": 20000, "peak_in": "cicc", "after_mb": 5000}, "huge.o": {"peak_mb": 99999}},
         default_mb=24576,
@@ -51,7 +52,7 @@ def test_expectations_come_from_records_then_hints_then_the_package() -> None:
     assert plan.expect("huge.o") == Expect(24576, "", 24576)  # a hint above the package's figure is capped
     assert plan.expect("other.o") == Expect(24576)
     assert plan.expect("other.cu.E") == Expect(2048)
-    small = Plan(records={}, hints=plan.hints, default_mb=7168)  # FA3's minimal profile states 7 GB
+    small = Expectations(records={}, hints=plan.hints, default_mb=7168)  # FA3's minimal profile states 7 GB
     assert small.expect("k2.o").peak_mb == 7168
 
 

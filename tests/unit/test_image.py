@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from tasks.cli.oci import is_loopback, manifest_url, parse_challenge, split_update
+from tasks.core.digest import action_key, canonical_json
 from tasks.core.errors import LockError, ReproError
 from tasks.core.imageref import label_key, parse_reference
 from tasks.core.settings import load_settings
 from tasks.env.build_container import BUILD_ENV, Builder, build_env, run_arguments
 from tasks.image.image import (
     BasePin,
-    Plan,
+    ImagePlan,
     Wheelhouse,
     failed_install_step,
     image_labels,
@@ -27,7 +28,6 @@ from tasks.image.image import (
     plan_config,
     wheelhouse_problems,
 )
-from tasks.lock.keys import action_key, canonical_json
 from tasks.lock.keys import key_document as action_key_document
 from tasks.lock.lockfile import ImageSpec, Package, Source, parse_lock
 
@@ -199,7 +199,7 @@ def test_the_image_config_carries_the_locks_env_and_volumes() -> None:
         "RootFS": {"Layers": ["sha256:" + "a" * 64]},
         "Config": {"Env": ["PATH=/usr/bin:/bin", "TRITON_CACHE_DIR=/root/.triton"], "Volumes": {"/data": {}}},
     }
-    plan = Plan(spec=spec, base=PIN, key="k" * 64, labels={"l": "v"}, document={})
+    plan = ImagePlan(spec=spec, base=PIN, key="k" * 64, labels={"l": "v"}, document={})
     config = json.loads(plan_config(plan, base, [{"created_by": "base"}], "sha256:" + "c" * 64, 2))["config"]
     assert config["Env"] == [
         "PATH=/opt/reprostack/bin:/usr/bin:/bin",

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from tasks.outside import ninjaorder
+from tasks.store import history
 
 MANIFEST = """\
 ninja_required_version = 1.3
@@ -56,10 +57,10 @@ def test_manifest_path_follows_ninja_arguments() -> None:
 def test_times_recorded_in_the_cache_override_the_hints(tmp_path: Path) -> None:
     hints = tmp_path / "unit-times.json"
     hints.write_text(json.dumps({"a.o": 10, "b.o": 20}))
-    assert ninjaorder.known_times(tmp_path / "cache", hints, "pkg") == {"a.o": 10.0, "b.o": 20.0}
-    ninjaorder.record_times(tmp_path / "cache", "pkg", {"b.o": 5.04, "c.o": 1})
-    ninjaorder.record_times(tmp_path / "cache", "pkg", {"c.o": 2})
-    assert ninjaorder.known_times(tmp_path / "cache", hints, "pkg") == {"a.o": 10.0, "b.o": 5.0, "c.o": 2.0}
-    assert ninjaorder.known_times(tmp_path / "cache", None, "other") == {}
+    assert history.known_times(tmp_path / "cache", hints, "pkg") == {"a.o": 10.0, "b.o": 20.0}
+    history.record_times(tmp_path / "cache", "pkg", {"b.o": 5.04, "c.o": 1})
+    history.record_times(tmp_path / "cache", "pkg", {"c.o": 2})
+    assert history.known_times(tmp_path / "cache", hints, "pkg") == {"a.o": 10.0, "b.o": 5.0, "c.o": 2.0}
+    assert history.known_times(tmp_path / "cache", None, "other") == {}
     hints.write_text('["not", "a", "table"]')
-    assert ninjaorder.known_times(tmp_path / "none", hints, "pkg") == {}
+    assert history.known_times(tmp_path / "none", hints, "pkg") == {}

@@ -19,9 +19,7 @@ TASKS = Path(__file__).resolve().parents[2] / "tasks"
 
 #: proc.py, and the files that run elsewhere with the standard library only (test_standalone.py), so start
 #: their own processes where they need any (preflight.py's probe, gate.py's compiler through fork and exec).
-ALLOWED = frozenset(
-    {"core/proc.py", "outside/*.py", "outside/smoke/*.py"}
-)
+ALLOWED = frozenset({"core/proc.py", "outside/*.py", "outside/smoke/*.py"})
 #: What else starts a process: os's functions of these names (os.fork, os.execvp, os.posix_spawn, ...).
 OS_STARTS = ("system", "popen", "fork", "exec", "spawn", "posix_spawn")
 
@@ -78,9 +76,7 @@ def test_the_check_can_fail() -> None:
 # --------------------------------------------------------------------------- HTTP
 
 #: The files that run elsewhere with the standard library only, which cannot import net.py.
-NET_ALLOWED = frozenset(
-    {"core/net.py", "outside/*.py", "outside/smoke/*.py"}
-)
+NET_ALLOWED = frozenset({"core/net.py", "outside/*.py", "outside/smoke/*.py"})
 #: What sends a request outside a session of tasks/core/net.py.
 REQUESTS_CALLS = frozenset({"get", "post", "put", "head", "patch", "delete", "options", "request", "Session"})
 

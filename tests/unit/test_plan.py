@@ -9,26 +9,10 @@ from typing import Any
 
 import pytest
 
-from tasks.cli.plan import (
-    BUILD,
-    REMOTE,
-    SCHEMA,
-    Earlier,
-    Forecast,
-    Line,
-    PackageWork,
-    Plan,
-    UnitWork,
-    diff_inputs,
-    hint_range,
-    nearest,
-    render_text,
-    serial_seconds,
-    simulate,
-    split_units,
-    to_json,
-)
-from tasks.lock.keys import action_key, canonical_json
+from tasks.cli.plan import BUILD, REMOTE, SCHEMA, Line, RunPlan, diff_inputs, nearest, render_text, to_json
+from tasks.core.digest import action_key, canonical_json
+from tasks.engine.forecast import Forecast, PackageWork, UnitWork, hint_range, serial_seconds, simulate, split_units
+from tasks.store.history import Earlier
 from tasks.store.remote import history_key, read_history
 
 
@@ -240,12 +224,12 @@ def test_hints_give_a_range_and_records_give_the_serial_part() -> None:
 # --------------------------------------------------------------------------- output
 
 
-def a_plan() -> Plan:
+def a_plan() -> RunPlan:
     build = Line("te", BUILD, "f" * 64, changes=["patch 0002-b.patch changed"], origin="cache",
                  nearest=Earlier("e" * 64, doc(), 0.0, "local"), reuse=("partial", "object cache: ..."))  # fmt: skip
     restored = Line("apex", REMOTE, "d" * 64, download_bytes=2_500_000)
     forecast = simulate([PackageWork("te", units(60, 30), serial_s=10)], slots=2)
-    return Plan(lock="sources.lock", profile="no-fa2", remote="http://cache", slots=2, budget_mb=8192.0,
+    return RunPlan(lock="sources.lock", profile="no-fa2", remote="http://cache", slots=2, budget_mb=8192.0,
                 lines=[build, restored], forecast=forecast)  # fmt: skip
 
 
@@ -294,10 +278,10 @@ def test_only_a_plan_run_goes_without_the_workspace_lock() -> None:
 def test_a_package_without_a_record_says_so_with_the_range_of_its_hints() -> None:
     line = Line("flash_attn", BUILD, "a" * 64, origin="hints", range_s=(760.0, 1900.0), reuse=("empty", "..."))
     forecast = simulate([PackageWork("flash_attn", units(760, 500, 400))], slots=4)
-    text = render_text(Plan("sources.lock", "default", "", 4, None, [line], forecast))
+    text = render_text(RunPlan("sources.lock", "default", "", 4, None, [line], forecast))
     assert "no record in this cache: 12 min 40 s to 31 min 40 s of compiles by the lock's hints" in text
     assert "without a record of flash_attn" in text and "tokens only" in text
     nothing = Line("mbridge", BUILD, "b" * 64, origin="none")
-    text = render_text(Plan("sources.lock", "default", "", 4, None, [nothing], simulate([], slots=4)))
+    text = render_text(RunPlan("sources.lock", "default", "", 4, None, [nothing], simulate([], slots=4)))
     assert "no record in this cache and no hints in the lock: time unknown" in text
     assert "forecast: none" in text

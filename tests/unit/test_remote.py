@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.digest import action_key
 from tasks.core.errors import ReproError
 from tasks.core.settings import load_settings, parse_shard
 from tasks.engine.admission import shard_packages
 from tasks.env.objcache import shared_remote
-from tasks.lock.keys import action_key
 from tasks.store.cache import Cache
 from tasks.store.remote import Remote, S3Location, check_record, parse_s3_url
 

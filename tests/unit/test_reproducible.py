@@ -12,9 +12,10 @@ import pytest
 from conftest import require
 
 from tasks.core import proc
+from tasks.core.digest import action_key
 from tasks.env import reproducible
 from tasks.env.reproducible import Placement
-from tasks.lock.keys import RECIPE_FORMAT, action_key, key_document
+from tasks.lock.keys import RECIPE_FORMAT, key_document
 from tasks.lock.lockfile import Package, Source
 
 

@@ -9,7 +9,8 @@ import io
 import zipfile
 from pathlib import Path
 
-from tasks.lock.keys import action_key, key_document
+from tasks.core.digest import action_key
+from tasks.lock.keys import key_document
 from tasks.lock.lockfile import Package, Source
 from tasks.stages.patch import failing_hunk
 from tasks.store.manifest import WheelRecord

@@ -1,0 +1,310 @@
+"""The forecast: how long a run's builds take, from the build history, on the scheduler's own policy.
+
+Pure at its core: :func:`simulate` plays a run on a simulated clock, asking tasks/engine/admission.py's
+:func:`~tasks.engine.admission.choose` which waiting compile starts each time a slot frees, exactly as the
+broker does (tasks/engine/jobserver.py); there is no second copy of the policy to keep in step. The
+figures come from the history (tasks/store/history.py): each unit's seconds and expected memory, each
+package's serial part (pip, CMake's configure, the link), or, without a record, the lock's hints.
+
+Used by `doit plan` (tasks/cli/plan.py) and by a run itself, which prints its forecast beside what happened
+(tasks/stages/context.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.engine import admission
+from tasks.store import history
+
+if TYPE_CHECKING:
+    from tasks.core.settings import Settings
+    from tasks.lock.lockfile import Package
+
+
+@dataclass(frozen=True)
+class UnitWork:
+    """One compile: its seconds and the memory the broker expects it to hold (MB)."""
+
+    name: str
+    seconds: float
+    peak_mb: float = 0.0
+
+
+@dataclass(frozen=True)
+class PackageWork:
+    """One package's build as the forecast sees it: serial seconds outside compiles (pip, CMake's configure,
+    the link), its compile units, and its priority at the broker (admission.priority)."""
+
+    name: str
+    units: tuple[UnitWork, ...] = ()
+    serial_s: float = 0.0
+    priority: float = 0.0
+    #: After its last unit: what its ninja ran without a job slot (the links), the longest of them.
+    tail_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PackageForecast:
+    start_s: float
+    end_s: float
+    units: int
+
+    @property
+    def wall_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A run's forecast: its wall time (the last package's end), the most memory its running units are
+    expected to hold at once, and each package's start and end (seconds after the run starts)."""
+
+    wall_s: float
+    peak_mb: float
+    packages: Mapping[str, PackageForecast] = field(default_factory=dict)
+
+
+def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None = None, tasks: int = 8) -> Forecast:
+    """The broker's schedule of ``work`` (in doit's order) on ``slots`` job slots and ``budget_mb`` of memory.
+
+    No clock, no processes. Each package starts when one of doit's ``tasks`` is free, runs its serial
+    part, then offers its units longest first, at most ``slots`` at a time (ninja's ``-j``). Each time a
+    slot is free, :func:`tasks.engine.admission.choose` picks the waiting unit that starts, with the
+    packages that build and their priorities, the running units' expected memory and the budget, as it
+    does for the broker. The host's free memory is not simulated (the running units are taken to hold
+    what is expected of them).
+    """
+    slots = max(1, slots)
+    pending_start = list(range(len(work)))  # packages not started, doit's order
+    started: set[int] = set()
+    finished: set[int] = set()
+    queue: dict[int, list[UnitWork]] = {}  # package -> its units not yet offered, longest first
+    offered: dict[int, int] = {}  # package -> units offered (waiting or running)
+    waiting: dict[int, tuple[int, UnitWork, admission.Waiter]] = {}  # seq -> (package, unit, as the policy sees it)
+    running: list[tuple[float, int, int, admission.Running]] = []  # heap of (end, seq, package, as the policy sees it)
+    events: list[tuple[float, int, int]] = []  # heap of (time, seq, package): serial part done
+    start_at: dict[int, float] = {}
+    pending_events: dict[int, int] = {}
+    tailed: set[int] = set()
+    end_at: dict[int, float] = {}
+    names = [f"{i}:{w.name}" for i, w in enumerate(work)]  # the policy's package names, unique
+    seq = 0
+    now = 0.0
+    peak = 0.0
+
+    def start_packages() -> None:
+        nonlocal seq
+        while pending_start and len(started) - len(finished) < tasks:
+            i = pending_start.pop(0)
+            started.add(i)
+            start_at[i] = now
+            queue[i] = sorted(work[i].units, key=lambda u: -u.seconds)
+            offered[i] = 0
+            seq += 1
+            heapq.heappush(events, (now + max(0.0, work[i].serial_s), seq, i))
+            pending_events[i] = 1
+
+    def offer(i: int) -> None:
+        nonlocal seq
+        while queue.get(i) and offered[i] < slots:
+            unit = queue[i].pop(0)
+            seq += 1
+            waiter = admission.Waiter(names[i], work[i].priority, seq, admission.Expect(unit.peak_mb))
+            waiting[seq] = (i, unit, waiter)
+            offered[i] += 1
+
+    def finish_if_done(i: int) -> None:
+        nonlocal seq
+        if i in finished or queue.get(i) or offered.get(i) or pending_events.get(i):
+            return
+        if work[i].tail_s > 0 and i not in tailed:  # its links, once its compiles are done
+            tailed.add(i)
+            seq += 1
+            heapq.heappush(events, (now + work[i].tail_s, seq, i))
+            pending_events[i] = 1
+            return
+        finished.add(i)
+        end_at[i] = now
+
+    def event(i: int) -> None:
+        pending_events[i] -= 1
+        offer(i)
+        finish_if_done(i)
+
+    def grant() -> None:
+        nonlocal seq, peak
+        while waiting and len(running) < slots:
+            chosen = admission.choose(
+                [w for _, _, w in waiting.values()],
+                [r for _, _, _, r in running],
+                slots=slots,
+                budget_mb=budget_mb,
+                available_mb=None,
+                building={names[i]: work[i].priority for i in started if i not in finished},
+            )
+            if chosen is None:
+                return
+            i, unit, _ = waiting.pop(chosen.seq)
+            seq += 1
+            held = admission.Running(names[i], reserved_mb=unit.peak_mb, live_mb=unit.peak_mb)
+            heapq.heappush(running, (now + max(0.0, unit.seconds), seq, i, held))
+            peak = max(peak, sum(r.reserved_mb for _, _, _, r in running))
+
+    start_packages()
+    while True:
+        # Everything that happens at `now`: serial parts that end, units that end, packages that start.
+        while events and events[0][0] <= now:
+            event(heapq.heappop(events)[2])
+        while running and running[0][0] <= now:
+            _, _, i, _ = heapq.heappop(running)
+            offered[i] -= 1
+            offer(i)
+            finish_if_done(i)
+        start_packages()
+        while events and events[0][0] <= now:  # a package with nothing serial and no units
+            event(heapq.heappop(events)[2])
+        grant()
+        upcoming = [t for t in (events[0][0] if events else None, running[0][0] if running else None) if t is not None]
+        if not upcoming:
+            break
+        now = min(upcoming)
+    packages = {
+        work[i].name: PackageForecast(
+            start_s=start_at.get(i, 0.0), end_s=end_at.get(i, start_at.get(i, 0.0)), units=len(work[i].units)
+        )
+        for i in range(len(work))
+    }
+    return Forecast(wall_s=max((p.end_s for p in packages.values()), default=0.0), peak_mb=peak, packages=packages)
+
+
+def hint_range(seconds: Iterable[float], slots: int) -> tuple[float, float]:
+    """What a package's compile units take on ``slots`` slots, bounded from their times alone: at least its
+    longest unit and its work spread over every slot, at most Graham's bound for any list schedule (the
+    work spread, plus the longest unit)."""
+    times = [max(0.0, s) for s in seconds]
+    if not times:
+        return 0.0, 0.0
+    spread = sum(times) / max(1, slots)
+    return max(max(times), spread), spread + max(times)
+
+
+def serial_seconds(record: Mapping[str, Any], units: Sequence[UnitWork], slots: int) -> float:
+    """The seconds of a package's build outside its compile units, from its last build's record
+    (tasks/store/history.py's ``record_build``): its wall time less the time its compiles ran or waited;
+    where no ninja log placed the compiles in time, less its units as :func:`simulate` places them alone
+    on its slots."""
+    wall = float(record.get("wall_s") or 0.0)
+    covered = record.get("compile_s")
+    if isinstance(covered, int | float):
+        return max(0.0, wall - float(covered))
+    alone = simulate([PackageWork("alone", tuple(units))], slots=int(record.get("slots") or slots)).wall_s
+    return max(0.0, wall - float(record.get("wait_s") or 0.0) - alone)
+
+
+def split_units(
+    times: Mapping[str, float], gated: Iterable[str], ninja: Sequence[str]
+) -> tuple[dict[str, float], float]:
+    """A package's recorded units as the forecast runs them: (compile units -> seconds, its tail).
+
+    ``times``: every unit's seconds; ``gated``: those the gate ran (compiles, on a job slot); ``ninja``: the
+    edges its ninja log had at its last build. A preprocessor run (``core.cpp.E``, ccache's) is added to its
+    compile (``core.o``, ``core.cpp.o``), which it precedes. Where a ninja log and the gate both spoke, the
+    compiles are the gated ninja edges; the edges the gate did not run (links) make the tail, the longest of
+    them, after the compiles; gated units outside the ninja log (CMake's configure checks) are in the
+    package's serial part already. Otherwise every unit is a compile.
+    """
+    gated = set(gated)
+    merged = {u: t for u, t in times.items() if not u.endswith(".E")}
+    for unit, seconds in times.items():
+        if not unit.endswith(".E"):
+            continue
+        source = unit[: -len(".E")]
+        stem = source.rsplit(".", 1)[0]
+        target = next((n for n in sorted(merged) if n == f"{stem}.o" or n.startswith(f"{source}.")), None)
+        if target is not None:
+            merged[target] += seconds
+        else:
+            merged[unit] = seconds
+    if not ninja or not gated:
+        return merged, 0.0
+    edges = set(ninja)
+    compiles = {u: t for u, t in merged.items() if u in edges and u in gated}
+    tail = max((times.get(u, 0.0) for u in edges if u not in gated), default=0.0)
+    return compiles, tail
+
+
+def package_work(
+    cache_root: Path, patches_dir: Path, pkg: Package, *, slots: int
+) -> tuple[PackageWork, str, tuple[float, float] | None]:
+    """``pkg``'s work for the forecast, where its figures come from (``cache``, ``hints`` or ``none``) and,
+    without a record of this cache, the range its lock's hints give (else None)."""
+    default_mb = pkg.mem_per_job_gb * 1024
+    memory = history.load_memory(history.memory_path(cache_root, pkg.name))
+    recorded = history.load_times(history.times_path(cache_root, pkg.name))
+    for unit, found in memory.items():  # the gate's own seconds: compiling, not waiting in the gate
+        seconds = found.get("seconds")
+        if isinstance(seconds, int | float) and "exit" not in found:
+            recorded[unit] = float(seconds)
+    hints = history.load_times(patches_dir / pkg.name / history.TIMES_HINTS_FILE)
+    record = history.read_build(cache_root, pkg.name)
+    times, origin = (recorded, "cache") if recorded or record else (hints, "hints" if hints else "none")
+    expect = admission.Expectations(
+        records=memory,
+        hints=history.load_memory(patches_dir / pkg.name / history.MEMORY_HINTS_FILE),
+        default_mb=default_mb,
+    )
+    tail = 0.0
+    if origin == "cache":
+        ninja = record.get("ninja_units")
+        times, tail = split_units(times, memory, [str(u) for u in ninja] if isinstance(ninja, list) else [])
+    units = tuple(UnitWork(u, s, expect.expect(u).peak_mb) for u, s in sorted(times.items()))
+    serial = serial_seconds(record, units, slots) if record else 0.0
+    prio = admission.priority(
+        history.known_times(cache_root, patches_dir / pkg.name / history.TIMES_HINTS_FILE, pkg.name), slots
+    )
+    span = hint_range(hints.values(), slots) if origin != "cache" and hints else None
+    return PackageWork(pkg.name, units, serial, prio, tail), origin, span
+
+
+def run_budget(settings: Settings, building: Sequence[Package]) -> tuple[int, float | None]:
+    """The run's job slots and memory budget (MB; None: tokens only), as a run's job server sizes them
+    (without starting ninja to ask its version: memory=unit counts as per unit)."""
+    from tasks.engine.jobserver import available_memory_gb, plan_budget
+
+    mem = settings.mem_gb
+    if mem is None:
+        mem = available_memory_gb()
+    per_unit = settings.memory == "unit"
+    budget = plan_budget(
+        cores=os.cpu_count() or 1,
+        mem_gb=mem,
+        heaviest_gb=max((p.mem_per_job_gb for p in building), default=0.0),
+        jobs=settings.jobs,
+        per_unit=per_unit,
+    )
+    return budget.slots, (mem * 1024 if per_unit and mem is not None else None)
+
+
+def forecast_run(
+    cache_root: Path,
+    patches_dir: Path,
+    settings: Settings,
+    building: Sequence[Package],
+    budget: tuple[int, float | None] | None = None,
+) -> tuple[Forecast, dict[str, tuple[str, Any]]]:
+    """The forecast of building ``building`` with this cache's history and the lock's hints (on ``budget``:
+    slots and MB, else :func:`run_budget`'s), and for each package where its figures come from and,
+    without a record, its range from the lock's hints."""
+    slots, budget_mb = budget or run_budget(settings, building)
+    work, where = [], {}
+    for pkg in building:
+        w, origin, span = package_work(cache_root, patches_dir, pkg, slots=slots)
+        work.append(w)
+        where[pkg.name] = (origin, span)
+    return simulate(work, slots=slots, budget_mb=budget_mb), where
