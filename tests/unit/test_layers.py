@@ -160,4 +160,6 @@ def test_the_floor_plan_is_the_tree() -> None:
     for layer in LAYERS:
         here = {p.stem for p in (TASKS / layer).glob("*.py") if p.name != "__init__.py"}
         here |= {f"{p.parent.name}/" for p in (TASKS / layer).glob("*/__init__.py")}
-        assert rows[layer] == here, f"tasks/{layer}/: the floor plan names {sorted(rows[layer])}, the tree has {sorted(here)}"
+        assert rows[layer] == here, (
+            f"tasks/{layer}/: the floor plan names {sorted(rows[layer])}, the tree has {sorted(here)}"
+        )
