@@ -5,4 +5,6 @@ configuration live in tasks/cli/dodo.py, which the installed ``reprostack`` comm
 """
 
 from tasks.cli.dodo import *  # noqa: F403  (doit collects task_* names from this module)
-from tasks.cli.dodo import DOIT_CONFIG  # noqa: F401
+from tasks.cli.dodo import DOIT_CONFIG, prepare_run  # noqa: F401
+
+prepare_run(globals())  # the run's preparation (importing tasks.cli.dodo does none)

@@ -22,26 +22,20 @@ git or a compiler while doit loads or lists tasks.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import errno
 import functools
-import os
-import re
-import shutil
 import sys
-import tempfile
-import threading
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
-from tasks.core.errors import BundleError, FetchError, LockError, ReproError, debug_enabled
-from tasks.core.fsutil import copy_atomic, rmtree
+from tasks.cli.failures import environment_error as environment_error
+from tasks.cli.failures import guarded
+from tasks.core.errors import BundleError, FetchError, LockError, ReproError
+from tasks.core.fsutil import rmtree
+from tasks.image.offline import write_mirror
 from tasks.lock import kinds
 from tasks.lock.schema import format_problems
 from tasks.stages.context import Context
@@ -100,126 +94,6 @@ def claim_workspace() -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-
-
-#: The exit status the first expected failure asked for (see :func:`guarded`); applied when the process ends.
-_exit_status: list[int] = []
-
-
-def _exit_with_status() -> None:
-    proc = sys.modules.get("tasks.core.proc")
-    signum = proc.stop_signal() if proc is not None else None
-    if signum is not None:  # interrupted: whatever failed, and also when the work still running finished
-        _exit_status[:] = [128 + signum]
-    if _exit_status:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_exit_status[0])
-
-
-# Registered at import, before any other exit handler of ours, so that it runs last.
-atexit.register(_exit_with_status)
-
-
-#: Expected failures already reported in this run: their text without the package's name -> the first one's.
-_reported: dict[str, str] = {}
-_reported_lock = threading.Lock()
-_SUBJECT = re.compile(r"^(?:package|source) \S+: ")
-
-
-def _once(message: str) -> str:
-    """``message``, or a pointer to the same error reported by an earlier task of this run.
-
-    Parallel tasks hit the same cause (no nvcc, no network, a torch the lock does not expect) at
-    once; the first says it in full, the others in one line.
-    """
-    subject = _SUBJECT.match(message)
-    core = message[subject.end() :] if subject else message
-    with _reported_lock:
-        first = _reported.setdefault(core, message)
-    if first is message:
-        return message
-    before = _SUBJECT.match(first)
-    if before:  # "source apex: the same error as source flash-attention, above"
-        return f"{subject.group(0) if subject else ''}the same error as {before.group(0)[:-2]}, above"
-    return f"{subject.group(0) if subject else ''}the same error as above ({first.splitlines()[0][:120]})"
-
-
-def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from tasks.core import proc
-
-        if proc.stop_signal() is not None:  # no new task after a stop signal (said once, by the handler)
-            return TaskFailed("not started: the run was interrupted", report=False)
-        try:
-            try:
-                fn(*args, **kwargs)
-            except OSError as exc:  # the environment: a full disk, a path that is a file, no permission
-                raise environment_error(exc) from exc
-        except ReproError as exc:
-            if debug_enabled():
-                traceback.print_exc()
-            message = f"{exc.__class__.__name__}: {_once(exc.message)}"
-            # doit runs the task in a worker thread, where SystemExit would not
-            # end the process: fail the task, apply the error's own status at exit
-            # (the first failure's, when several tasks fail).
-            print(message, file=sys.stderr, flush=True)
-            # In an interrupted run, whatever failed failed for the interrupt: the signal's status (Interrupted).
-            signum = proc.stop_signal()
-            code = 128 + signum if signum is not None else exc.exit_code
-            with _reported_lock:
-                if not _exit_status:
-                    _exit_status.append(code)
-            # Said above, once: doit's own report of the failure would repeat it for every task.
-            return TaskFailed(f"{exc.__class__.__name__} (exit status {code})", report=False)
-        return None
-
-    return wrapper
-
-
-def environment_error(exc: OSError) -> ReproError:
-    """One clear line for an operating-system error that reached a task (no traceback)."""
-    where = f": {exc.filename}" if exc.filename else ""
-    if not where and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = _fullest_output()  # a write on a full disk names no file
-    reason = exc.strerror or str(exc)
-    hint = {
-        errno.ENOSPC: "free some space there (or point cache=/builddir=/wheels= at another disk) and rerun",
-        errno.EDQUOT: "free some space there (or point cache=/builddir=/wheels= at another disk) and rerun",
-        errno.ENOTDIR: "a path that should be a directory is a file: check cache=, builddir= and wheels=",
-        errno.EEXIST: "a path that should be a directory is a file: check cache=, builddir= and wheels=",
-        errno.EACCES: "that path is not writable for this user: choose another (cache=, builddir=, wheels=)",
-        errno.EROFS: "that file system is read-only: choose another place (cache=, builddir=, wheels=)",
-    }.get(exc.errno or 0, "check that path and rerun")
-    # True of every output: the cache publishes whole entries, wheels/ and the lock are written through
-    # temporary files, and wheels/ has no manifest until it is complete (docs/security.md).
-    return ReproError(f"{reason}{where}; {hint}. Nothing partial was kept in the cache or wheels/.")
-
-
-def _fullest_output() -> str:
-    """Of this run's output directories, the one whose file system has the least room left."""
-    try:
-        settings = context().settings
-    except BaseException:
-        return ""
-    room = []
-    for setting, path in (("builddir", settings.builddir), ("cache", settings.cache), ("wheels", settings.wheels)):
-        probe = path
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        with contextlib.suppress(OSError):
-            room.append((shutil.disk_usage(probe).free, setting, path))
-    if not room:
-        return ""
-    free, setting, path = min(room)
-    return f" under {setting}={path} ({free // 1024} KiB free there)"
-
-
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Report an expected failure as one clear message (a traceback only with REPRO_DEBUG=1) and make
-    doit exit with the error's own status (docs/tasks.md, "Exit statuses")."""
-    return _guard(fn)
 
 
 def _require_pins() -> None:
@@ -345,50 +219,6 @@ def _do_fetch(name: str) -> None:
         raise FetchError(f"source {name}: {exc.message}") from exc  # sources of one unreachable host: said once
 
 
-def _write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[str]:
-    """Write what `doit mirror` writes into ``dest`` (also the bundle's ``mirror/``): the profile's sources,
-    the wheels of the hermetic toolchain and of the runtime closure; yield one line per item. A closure
-    wheel comes from the cache, else ``source`` (a mirror's ``wheels/``), else the package index."""
-    from tasks.env.hermetic import mirror_wheels
-    from tasks.lock.fetch import export_mirror
-
-    sources = [ctx.lock.sources[n] for n in ctx.lock.sources_for(ctx.settings.profile)]
-    for line in export_mirror(sources, cache=ctx.cache, mirror=dest):
-        yield f"  {line}"
-    pins = ctx.lock.toolchain.hermetic
-    if pins:
-        yield f"hermetic toolchain: the wheels of {len(pins)} pins into {dest / 'wheels'}"
-        if source is not None and source != dest and (source / "wheels").is_dir():
-            _copy_pinned_wheels(source / "wheels", dest / "wheels", {h for pin in pins for h in pin.hashes})
-        for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=dest):
-            yield f"  {line}"
-    runtime = ctx.runtime
-    if runtime is not None and runtime.resolved:
-        from tasks.env import closure
-
-        target = closure.target_of(runtime)
-        wheels = dest / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
-        total = 0
-        for pin in runtime.resolved:
-            path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), ctx.cache.fetched,
-                                 mirror=source, indexes=None, target=target)  # fmt: skip
-            if not (wheels / path.name).is_file():
-                copy_atomic(path, wheels / path.name)
-            total += path.stat().st_size
-        yield f"  runtime closure: {len(runtime.resolved)} wheels in {wheels} ({total / 1e6:.1f} MB)"
-
-
-def _copy_pinned_wheels(src: Path, dest: Path, hashes: set[str]) -> None:
-    """Copy the wheels of ``src`` whose sha256 is one of ``hashes`` into ``dest`` (so none is downloaded again)."""
-    from tasks.core.treehash import file_sha256
-
-    for path in sorted(src.glob("*.whl")):
-        if not (dest / path.name).is_file() and file_sha256(path) in hashes:
-            dest.mkdir(parents=True, exist_ok=True)
-            copy_atomic(path, dest / path.name)
-
-
 @guarded
 def _do_mirror() -> None:
     _require_pins()
@@ -396,7 +226,7 @@ def _do_mirror() -> None:
     mirror = ctx.settings.mirror
     if mirror is None:
         raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
-    for line in _write_mirror(ctx, mirror, source=mirror):  # what the mirror already holds is kept
+    for line in write_mirror(ctx, mirror, source=mirror):  # what the mirror already holds is kept
         print(line, flush=True)
     from tasks.image.selfwheels import write_tool_wheels
 
@@ -539,50 +369,11 @@ def _do_export() -> None:
 
 @guarded
 def _do_bundle() -> None:
-    from tasks.image.bundle import write_bundle
+    from tasks.image.offline import make_bundle
 
     _require_pins()
-    ctx = context()
-    st = ctx.settings
-    out = st.bundle or st.builddir / "bundle" / f"reprostack-{ctx.lock.sha256[:12]}-{st.profile}.tar"
-    image = None
-    if st.bundle_image:
-        from tasks.image.export import stem
-        from tasks.image.image import make_plan
-
-        name = stem(make_plan(ctx))
-        export = st.export_dir
-        image = [p for p in (export / f"{name}.docker.tar", export / f"{name}.oci", export / f"{name}.json")]
-        missing = [p.name for p in image if not p.exists()]
-        if missing:
-            raise BundleError(f"the exported image is missing from {export} ({', '.join(missing)}): run `doit export`")
-    mirror_dir = None
-    with tempfile.TemporaryDirectory(prefix="bundle-mirror-") as tmp:
-        if st.bundle_mirror:  # what `doit mirror` writes for this profile
-            mirror_dir = Path(tmp) / "mirror"
-            print(f"the bundle's mirror/, as `doit mirror` writes it for profile {st.profile}:", flush=True)
-            for line in _write_mirror(ctx, mirror_dir, source=st.mirror):
-                print(line, flush=True)
-        from tasks.image.selfwheels import write_tool_wheels
-
-        tool_dir = Path(tmp) / "tool"  # the tool's own wheels: it installs offline on the other side
-        for line in write_tool_wheels(tool_dir):
-            if line.startswith("note:"):  # (the install command for the other side is printed below)
-                print(line, flush=True)
-        info = {"lock": ctx.lock.path.name, "lock_sha256": ctx.lock.sha256, "profile": st.profile}
-        path, digest = write_bundle(
-            out, wheels=st.wheels, image=image, mirror=mirror_dir, lock=ctx.lock.path, tool=tool_dir, info=info
-        )
-    print(f"bundle {path} ({path.stat().st_size / 1e6:.1f} MB), sha256 {digest}; also {path.name}.sha256", flush=True)
-    from tasks.outside.unbundle import instruction
-
-    print(f"on the other side, with only python3 (3.8 or newer): {instruction(path.name, 'DIR')}", flush=True)
-    print(
-        f"  (it checks {path.name}.sha256 when it lies beside the bundle, then every file; then install the tool "
-        f"with: python3 -m venv .venv && .venv/bin/pip install --no-index --find-links DIR/tool --require-hashes "
-        f"-r DIR/tool/requirements.txt; where the tool is installed: reprostack unbundle bundle={path.name} dest=DIR)",
-        flush=True,
-    )
+    for line in make_bundle(context()):
+        print(line, flush=True)
 
 
 @guarded

@@ -129,6 +129,7 @@ def reprostack() -> None:
             from tasks.cli import dodo
 
             self.namespace = dict(inspect.getmembers(dodo))
+            dodo.prepare_run(self.namespace)
 
     doit_main = _with_variables_help(DoitMain(GraphLoader()))
     sys.exit(doit_main.run(sys.argv[1:]))

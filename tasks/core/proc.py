@@ -6,12 +6,13 @@ failure the error carries the log's first error lines (compiler errors,
 ninja's FAILED) where its tail lacks them, its last lines and its path; on Ctrl-C
 (or any exception) the whole process group is stopped, TERM then KILL.
 
-Besides :func:`run` (a build step, logged): :func:`run_logged` (a logged command whose failure the caller
-reports), :func:`query` (a short command whose exit status and output the caller reads),
-:func:`capture` and :func:`check_output` (its stdout), :func:`stream` (a conversation over stdin and
-stdout, ``git cat-file --batch``). Every one runs the command in its own session, which the interrupt
-handler stops on Ctrl-C. Only the files that run elsewhere with the standard library alone start
-processes themselves (tests/unit/test_one_way_out.py).
+Two entry points, each with keyword arguments for how a failure is told: :func:`run` (a logged command:
+a build step that raises on failure, or with ``check=False`` a :class:`Completed` the caller judges) and
+:func:`query` (a short command whose output the caller reads: exceptions as ``subprocess.run`` raises
+them, ``error=`` to raise one of ours on any failure, ``tolerant=`` to raise none); and :func:`stream`
+for a conversation over stdin and stdout (``git cat-file --batch``). Every one runs the command in its
+own session, which the interrupt handler stops on Ctrl-C. Only the files that run elsewhere with the
+standard library alone start processes themselves (tests/unit/test_one_way_out.py).
 """
 
 from __future__ import annotations
@@ -293,6 +294,7 @@ def stop_group(proc: subprocess.Popen[Any], grace: float = 5.0, *, reap: bool = 
         proc.wait()
 
 
+@overload
 def run(
     cmd: Sequence[str],
     *,
@@ -305,14 +307,44 @@ def run(
     stdout: Path | None = None,
     on_start: Callable[[int], None] | None = None,
     timeout: float | None = None,
-) -> Usage:
-    """Run ``cmd`` to completion, its output appended to ``log``.
+    check: Literal[True] = True,
+) -> Usage: ...
+@overload
+def run(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log: Path,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    check: Literal[False],
+) -> Completed: ...
+def run(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log: Path,
+    cwd: Path | None = None,
+    error: type[ReproError] = ReproError,
+    what: str = "",
+    on_line: Callable[[str], None] | None = None,
+    stdout: Path | None = None,
+    on_start: Callable[[int], None] | None = None,
+    timeout: float | None = None,
+    check: bool = True,
+) -> Usage | Completed:
+    """Run ``cmd`` to completion: stdin from /dev/null, its own process group, its output appended to ``log``
+    after the echoed command; on a timeout or Ctrl-C the whole process group is stopped (TERM, then KILL).
 
-    With ``stdout``, the command's standard output is data (a tar, say): it is
-    written to that file instead, and only its standard error goes to the log.
-    Raises ``error`` naming ``what`` with the tail of the log when the command
-    fails or cannot be started.
+    With ``check`` (the default) it raises ``error`` naming ``what`` with the tail of the log when the
+    command fails or cannot be started, and returns its resource usage. With ``stdout``, the command's
+    standard output is data (a tar, say): it is written to that file instead, and only its standard error
+    goes to the log. With ``check=False`` it raises nothing and returns a :class:`Completed`: the exit
+    status and this command's part of the log (a command that cannot start is status 127, its reason in
+    the log).
     """
+    if not check:
+        return _run_unchecked(cmd, log=log, env=env, cwd=cwd, timeout=timeout)
     global _starting, _ended_interrupted
     if stdout is not None and on_line is not None:
         raise ValueError("run(): stdout= and on_line= exclude each other")
@@ -442,6 +474,10 @@ def query(
     cwd: Path | None = None,
     timeout: float | None = None,
     text: Literal[False] = False,
+    input: bytes | None = None,
+    error: type[ReproError] | None = None,
+    what: str = "",
+    tolerant: bool = False,
 ) -> subprocess.CompletedProcess[bytes]: ...
 @overload
 def query(
@@ -451,6 +487,10 @@ def query(
     cwd: Path | None = None,
     timeout: float | None = None,
     text: Literal[True],
+    input: bytes | None = None,
+    error: type[ReproError] | None = None,
+    what: str = "",
+    tolerant: bool = False,
 ) -> subprocess.CompletedProcess[str]: ...
 def query(
     cmd: Sequence[str],
@@ -459,29 +499,61 @@ def query(
     cwd: Path | None = None,
     timeout: float | None = None,
     text: bool = False,
+    input: bytes | None = None,
+    error: type[ReproError] | None = None,
+    what: str = "",
+    tolerant: bool = False,
 ) -> subprocess.CompletedProcess[Any]:
-    """Run a short command whose exit status and output the caller judges: stdin from /dev/null, stdout and
-    stderr captured apart (decoded with ``text``), the environment ``env`` (None: this process's).
+    """Run a short command whose output the caller needs: stdin from /dev/null (or ``input``), stdout and
+    stderr captured apart (decoded with ``text``), the environment ``env`` (None: this process's), its own
+    process group, known to the interrupt handler.
 
-    Raises OSError when it cannot start and :data:`TimeoutExpired` after ``timeout`` seconds (its process
-    group stopped), as ``subprocess.run`` does; :class:`Interrupted` when a stop signal stopped it.
+    How it fails is the caller's choice:
+
+    - by default it raises OSError when it cannot start and :data:`TimeoutExpired` after ``timeout``
+      seconds (its process group stopped), as ``subprocess.run`` does, and returns any exit status;
+    - with ``error``, every failure (cannot start, timeout, a non-zero exit status) raises ``error`` naming
+      ``what`` (else the command) with the command's standard error;
+    - with ``tolerant``, nothing raises: a command that cannot start is status 127, one that timed out -9.
+
+    :class:`Interrupted` when a stop signal stopped it, in every case.
     """
-    with _started(
-        cmd,
-        env=None if env is None else dict(env),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=text,
-    ) as process:
-        try:
-            out, err = process.communicate(timeout=timeout)
-        finally:
-            for pipe in (process.stdout, process.stderr):
-                if pipe is not None:
-                    pipe.close()
-    return subprocess.CompletedProcess(list(cmd), process.returncode, out, err)
+    label = what or shlex.join(cmd)
+    try:
+        with _started(
+            cmd,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=text,
+        ) as process:
+            try:
+                out, err = process.communicate(input=input, timeout=timeout)
+            finally:
+                for pipe in (process.stdin, process.stdout, process.stderr):
+                    if pipe is not None:
+                        pipe.close()
+    except OSError as exc:
+        if error is not None:
+            raise error(f"{what or cmd[0]}: cannot start {cmd[0]!r}: {exc.strerror}") from None
+        if tolerant:
+            empty: Any = "" if text else b""
+            return subprocess.CompletedProcess(list(cmd), 127, empty, str(exc) if text else str(exc).encode())
+        raise
+    except TimeoutExpired:
+        if error is not None:
+            raise error(f"{label}: no answer within {timeout:g} s (REPRO_NET_TIMEOUT for network)") from None
+        if tolerant:
+            empty = "" if text else b""
+            return subprocess.CompletedProcess(list(cmd), -signal.SIGKILL, empty, empty)
+        raise
+    done = subprocess.CompletedProcess(list(cmd), process.returncode, out, err)
+    if error is not None and done.returncode != 0:
+        msg = err.strip() if text else err.decode("utf-8", "replace").strip()
+        raise error(f"{label} failed (exit status {done.returncode}): {msg}")
+    return done
 
 
 @contextlib.contextmanager
@@ -513,7 +585,7 @@ def signal_text(returncode: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Completed:
-    """A command :func:`run_logged` ran: its exit status and its part of the log."""
+    """A command ``run(..., check=False)`` ran: its exit status and its part of the log."""
 
     argv: tuple[str, ...]
     returncode: int
@@ -533,16 +605,10 @@ class Completed:
         return f"{what} failed ({why}); log: {self.log}\n{self.tail()}"
 
 
-def run_logged(
+def _run_unchecked(
     argv: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path | None = None, timeout: float | None = None
 ) -> Completed:
-    """Run one command: stdin from /dev/null, its own process group, stdout
-    and stderr merged and appended to ``log`` after the echoed command.
-
-    On timeout or Ctrl-C the whole process group is stopped (TERM, then KILL).
-    Returns the exit status and this command's part of the log; a command that cannot start
-    is status 127, and its reason is in the log.
-    """
+    """:func:`run` with ``check=False``: the exit status and this command's part of the log, never raised."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as fh:
         fh.write(f"$ {shlex.join(argv)}\n".encode())
@@ -573,55 +639,3 @@ def run_logged(
         fh.seek(start)
         output = fh.read().decode("utf-8", errors="replace")
     return Completed(argv=tuple(argv), returncode=returncode, output=output, log=log, timed_out=timed_out)
-
-
-def capture(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> str:
-    """Run a short query command and return its stdout ('' when it cannot run or fails)."""
-    try:
-        res = subprocess.run(
-            list(cmd),
-            env=None if env is None else dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return res.stdout.decode("utf-8", "replace") if res.returncode == 0 else ""
-
-
-def check_output(
-    cmd: Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-    error: type[ReproError] = ReproError,
-    what: str = "",
-    input: bytes | None = None,
-    timeout: float | None = None,
-) -> bytes:
-    """Run a command whose stdout we need; raise ``error`` with its stderr on failure (or after ``timeout`` s)."""
-    try:
-        res = subprocess.run(
-            list(cmd),
-            env=None if env is None else dict(env),
-            cwd=cwd,
-            input=input,
-            stdin=None if input is not None else subprocess.DEVNULL,
-            capture_output=True,
-            check=False,
-            start_new_session=True,
-            timeout=timeout,
-        )
-    except OSError as exc:
-        raise error(f"{what or cmd[0]}: cannot start {cmd[0]!r}: {exc.strerror}") from None
-    except subprocess.TimeoutExpired:
-        raise error(
-            f"{what or shlex.join(cmd)}: no answer within {timeout:g} s (REPRO_NET_TIMEOUT for network)"
-        ) from None
-    if res.returncode != 0:
-        msg = res.stderr.decode("utf-8", "replace").strip()
-        raise error(f"{what or shlex.join(cmd)} failed (exit status {res.returncode}): {msg}")
-    return res.stdout

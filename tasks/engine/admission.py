@@ -184,6 +184,38 @@ def choose(
     )
 
 
+@dataclass(frozen=True)
+class Budget:
+    """How many compiler jobs may run at once, and why."""
+
+    slots: int
+    reason: str
+
+
+def plan_budget(
+    *,
+    cores: int,
+    mem_gb: float | None,
+    heaviest_gb: float,
+    jobs: int | None,
+    mem_source: str = "available",
+    per_unit: bool = False,
+) -> Budget:
+    """The run's job budget: ``jobs`` (default: cores), lowered so that the heaviest
+    package's jobs fit in memory (``mem_gb`` / ``heaviest_gb`` per job), unless the gate
+    admits each unit against ``mem_gb`` by its own memory (``per_unit``)."""
+    slots = jobs or cores
+    reason = f"jobs={jobs}" if jobs else f"{cores} cores"
+    if per_unit and mem_gb is not None:
+        reason += f"; memory admitted per unit against {mem_gb:.0f} GB {mem_source}"
+    elif mem_gb is not None and heaviest_gb > 0:
+        fit = max(1, int(mem_gb // heaviest_gb))
+        if fit < slots:
+            slots = fit
+            reason = f"{mem_gb:.0f} GB {mem_source} / {heaviest_gb:g} GB per job"
+    return Budget(slots=max(1, slots), reason=reason)
+
+
 def shard_packages(
     names: Sequence[str], shard: tuple[int, int], weights: Mapping[str, float] | None = None
 ) -> list[str]:

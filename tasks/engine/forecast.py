@@ -275,7 +275,8 @@ def package_work(
 def run_budget(settings: Settings, building: Sequence[Package]) -> tuple[int, float | None]:
     """The run's job slots and memory budget (MB; None: tokens only), as a run's job server sizes them
     (without starting ninja to ask its version: memory=unit counts as per unit)."""
-    from tasks.engine.jobserver import available_memory_gb, plan_budget
+    from tasks.engine.admission import plan_budget
+    from tasks.engine.broker import available_memory_gb
 
     mem = settings.mem_gb
     if mem is None:

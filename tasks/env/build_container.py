@@ -146,13 +146,13 @@ def detect(cache: Cache, builder: Builder) -> dict[str, Any]:
     except (FileNotFoundError, ValueError):
         pass
     try:
-        out = proc.check_output(
+        out = proc.query(
             [docker.docker_bin(), "run", "--rm", "--network", "none", "--env", "REPRO_PYTHON_PROBE",
              builder.image_id, builder.python, "-c", _BUILDER_PROBE],
             env={**docker.client_env(), "REPRO_PYTHON_PROBE": toolchain._PROBE},
             error=ToolchainError,
             what=f"probing the toolchain of builder {builder.description}",
-        )  # fmt: skip
+        ).stdout  # fmt: skip
         info: dict[str, Any] = json.loads(out)
     except ValueError as exc:
         raise ToolchainError(f"builder {builder.description}: the toolchain probe printed no JSON ({exc})") from None

@@ -1,7 +1,7 @@
 """The docker command line, the way this project uses it.
 
 Every call goes through :mod:`tasks.core.proc` (long commands, logged) or
-:func:`tasks.core.proc.check_output` (short queries). Nothing here runs while
+:func:`tasks.core.proc.query` (short queries). Nothing here runs while
 doit loads tasks.
 """
 
@@ -40,7 +40,7 @@ def client_env() -> dict[str, str]:
 
 def query(args: Sequence[str], *, what: str) -> str:
     """A short docker command whose output we need."""
-    out = proc.check_output([docker_bin(), *args], env=client_env(), error=ImageError, what=what)
+    out = proc.query([docker_bin(), *args], env=client_env(), error=ImageError, what=what).stdout
     return out.decode("utf-8", "replace")
 
 
@@ -48,9 +48,9 @@ def check_daemon() -> str:
     """The daemon's version; a clear error when there is none to talk to."""
     docker = docker_bin()
     try:
-        out = proc.check_output(
+        out = proc.query(
             [docker, "version", "--format", "{{.Server.Version}}"], env=client_env(), error=ImageError, what="docker"
-        )
+        ).stdout
     except ImageError as exc:
         raise ImageError(f"docker: cannot reach the docker daemon ({_first_line(str(exc))}). {START_HINT}") from None
     return out.decode().strip()
@@ -64,12 +64,12 @@ def _first_line(text: str) -> str:
 def inspect_image(ref: str) -> dict[str, Any] | None:
     """``docker image inspect`` of one image, or None when the daemon has no such image."""
     try:
-        out = proc.check_output(
+        out = proc.query(
             [docker_bin(), "image", "inspect", ref],
             env=client_env(),
             error=ImageError,
             what=f"docker image inspect {ref}",
-        )
+        ).stdout
     except ImageError as exc:
         if re.search(r"no such image|not found", exc.message, re.I):
             return None
@@ -178,7 +178,7 @@ def copy_out(container: str, path: str, dest: Path, *, log: Path) -> None:
 
 def remove_container(container: str) -> None:
     """``docker rm --force``, quietly: a container that is not there is already removed."""
-    proc.capture([docker_bin(), "rm", "--force", container], env=client_env())
+    proc.query([docker_bin(), "rm", "--force", container], env=client_env(), timeout=120, tolerant=True)
 
 
 def load(archive: Path, *, log: Path) -> None:

@@ -128,7 +128,8 @@ def method() -> Method:
     except OSError:
         pass
     probe = [*_unshare_prefix(), "sh", "-c", 'mount --bind "$1" "$1" && echo ok', "sh", str(CANONICAL_ROOT)]
-    if proc.capture(probe).strip() == "ok":
+    done = proc.query(probe, timeout=120, text=True, tolerant=True)
+    if done.returncode == 0 and done.stdout.strip() == "ok":
         if memo is not None:
             with contextlib.suppress(OSError):
                 write_atomic(memo, "mount-namespace")

@@ -53,13 +53,13 @@ def url_hash(url: str) -> str:
 
 
 def _git(repo: Path, *args: str, what: str = "", input: bytes | None = None) -> bytes:
-    return proc.check_output(
+    return proc.query(
         ["git", "--git-dir", str(repo), *args],
         env=git_env(),
         error=FetchError,
         what=what,
         input=input,
-    )
+    ).stdout
 
 
 def _has_commit(repo: Path, commit: str) -> bool:
@@ -172,7 +172,7 @@ def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
     """
     if not repo.exists():
         repo.parent.mkdir(parents=True, exist_ok=True)
-        proc.check_output(["git", "init", "--bare", "-q", str(repo)], env=git_env(), error=FetchError)
+        proc.query(["git", "init", "--bare", "-q", str(repo)], env=git_env(), error=FetchError)
     if _has_commit(repo, commit):
         return
     try:
@@ -193,13 +193,13 @@ def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
 
 def resolve_ref(url: str, ref: str) -> str:
     """The commit a tag or branch of ``url`` points at (``git ls-remote``)."""
-    out = proc.check_output(
+    out = proc.query(
         ["git", "ls-remote", url, ref, f"{ref}^{{}}"],
         env=git_env(),
         error=LockError,
         what=f"git ls-remote {url}",
         timeout=net.timeout() * 2,
-    ).decode()
+    ).stdout.decode()
     refs: dict[str, str] = {}
     for line in out.splitlines():
         sha, _, name = line.partition("\t")
@@ -235,7 +235,7 @@ def submodule_urls(repo: Path, commit: str, super_url: str) -> dict[str, str]:
         blob = _git(repo, "show", f"{commit}:.gitmodules")
     except FetchError:
         return {}
-    out = proc.check_output(
+    out = proc.query(
         [
             "git",
             "config",
@@ -247,7 +247,7 @@ def submodule_urls(repo: Path, commit: str, super_url: str) -> dict[str, str]:
         env=git_env(),
         error=FetchError,
         input=blob,
-    ).decode()
+    ).stdout.decode()
     paths: dict[str, str] = {}
     urls: dict[str, str] = {}
     for line in out.splitlines():

@@ -314,7 +314,9 @@ class Context:
 
     def jobserver(self) -> JobServer:
         """The run's one job budget, sized on first use for the packages this run must build."""
-        from tasks.engine.jobserver import MIN_NINJA, Budget, JobServer, available_memory_gb, find_ninja, plan_budget
+        from tasks.engine.admission import Budget, plan_budget
+        from tasks.engine.broker import available_memory_gb
+        from tasks.engine.jobserver import MIN_NINJA, JobServer, find_ninja
 
         with self._lock:
             if self._jobserver is None:
@@ -430,7 +432,7 @@ class Context:
         With a jobserver this is only an upper bound: the shared tokens decide.
         Without one, it is the budget lowered to what memory allows this package.
         """
-        from tasks.engine.jobserver import available_memory_gb
+        from tasks.engine.broker import available_memory_gb
 
         server = self.jobserver()
         if server.clients:

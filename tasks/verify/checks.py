@@ -32,63 +32,47 @@ The result is a :class:`Report`, also written to ``report.json`` and
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast
 
-from tasks.core import proc
 from tasks.core.errors import ReproError, VerifyFailed
 from tasks.core.fsutil import write_atomic
-from tasks.core.proc import Completed, run_logged
+from tasks.core.proc import Completed
 from tasks.core.proc import signal_text as signal_text  # verify.signal_text, as it was
 from tasks.core.treehash import file_sha256
 from tasks.stages import provenance
-from tasks.store.manifest import ARCH_PATTERN, MODULE_PATTERN, Manifest, WheelSpec, load_manifest
+from tasks.store.manifest import MODULE_PATTERN, Manifest, WheelSpec, load_manifest
 from tasks.verify import elfcheck
+from tasks.verify.cuda import (
+    CUOBJDUMP_HINT,
+    arch_problems,
+    describe_device_code,
+    find_cuobjdump,
+    parse_cuobjdump,
+)
 from tasks.verify.report import Report, Row, Status, one_line
-
-ROOT = Path(__file__).resolve().parents[2]
-RUNNER = Path(__file__).resolve().parents[1] / "outside" / "verify_runner.py"
-SMOKE_DIR = Path(__file__).resolve().parents[1] / "outside" / "smoke"
-
-GpuMode = Literal["auto", "off", "on"]
-GPU_MODES: tuple[str, ...] = get_args(GpuMode)
-
-SMOKE_TIMEOUT_S = 600.0
-RUNNER_TIMEOUT_S = 600.0
-TOOL_TIMEOUT_S = 300.0
-MAX_RUNNER_RESTARTS = 8
-CUOBJDUMP_HINT = (
-    "install it with `pip install nvidia-cuda-cuobjdump` (or put the CUDA toolkit's bin/ on PATH, or set CUDA_HOME)"
+from tasks.verify.session import (
+    GPU_MODES,
+    MAX_RUNNER_RESTARTS,
+    RUNNER,
+    RUNNER_TIMEOUT_S,
+    SMOKE_DIR,
+    SMOKE_TIMEOUT_S,
+    TOOL_TIMEOUT_S,
+    GpuMode,
+    VerifySession,
+    _ItemResult,
+    _n,
+    _safe,
 )
-
-# Variables that would make the venv's interpreter see or do something else
-# than the venv; they are dropped from every child's environment.
-_DROPPED_ENV = (
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONUSERBASE",
-    "PYTHONSAFEPATH",
-    "PYTHONWARNINGS",
-    "PYTHONINSPECT",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "PIP_REQUIRE_VIRTUALENV",
-    "PIP_TARGET",
-    "PIP_PREFIX",
-    "PIP_USER",
-    "__PYVENV_LAUNCHER__",
-    "REPRO_VERIFY_GPU",
-)
-
+from tasks.verify.venv import _canonical, for_session
 
 # --------------------------------------------------------------------------
 # Pure helpers (unit-tested)
@@ -117,238 +101,8 @@ def is_shared_object_name(path: str) -> bool:
     return _SHARED_OBJECT.search(path) is not None
 
 
-_CUOBJDUMP_LINE = re.compile(r"^\s*(?P<kind>ELF|PTX) file\s+\d+:\s+(?P<name>\S+)\s*$")
-_EMBEDDED_ARCH = re.compile(r"\.(?:sm|compute)_(?P<arch>\d{2,3}[af]?)\.(?:cubin|ptx)$")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceCode:
-    """What ``cuobjdump --list-elf`` and ``--list-ptx`` found in one object."""
-
-    sass: frozenset[str] = field(default_factory=frozenset)
-    ptx: frozenset[str] = field(default_factory=frozenset)
-    unknown: tuple[str, ...] = ()
-
-
-def parse_cuobjdump(list_elf: str, list_ptx: str = "") -> DeviceCode:
-    """Parse the listings: ``ELF file 1: x.1.sm_90a.cubin`` gives SASS sm_90a."""
-    sass: set[str] = set()
-    ptx: set[str] = set()
-    unknown: list[str] = []
-    for line in (list_elf + "\n" + list_ptx).splitlines():
-        match = _CUOBJDUMP_LINE.match(line)
-        if match is None:
-            continue
-        arch = _EMBEDDED_ARCH.search(match["name"])
-        if arch is None:
-            unknown.append(match["name"])
-            continue
-        (sass if match["kind"] == "ELF" else ptx).add(f"sm_{arch['arch']}")
-    return DeviceCode(sass=frozenset(sass), ptx=frozenset(ptx), unknown=tuple(unknown))
-
-
-def arch_problems(code: DeviceCode, targets: Sequence[str]) -> list[str]:
-    """Why an object's device code does not meet the targets (empty: it does)."""
-    problems = []
-    # SASS for sm_XY runs on an sm_XYa device too (the 'a' variant only adds
-    # instructions), so plain sm_90 code meets an sm_90a target without JIT.
-    missing = [arch for arch in targets if arch not in code.sass and arch.rstrip("af") not in code.sass]
-    if missing:
-        problems.append("no SASS for " + ", ".join(missing))
-    # Likewise PTX beside SASS of the same family (compute_90 PTX with sm_90a
-    # SASS) is never JIT-compiled on that GPU: only PTX with no SASS is.
-    families = {arch.rstrip("af") for arch in code.sass}
-    jit = sorted(arch for arch in code.ptx if arch.rstrip("af") not in families)
-    if jit:
-        problems.append("PTX without SASS for " + ", ".join(jit) + " (left to PTX JIT)")
-    return problems
-
-
-def _arch_key(arch: str) -> tuple[int, str]:
-    match = ARCH_PATTERN.match(arch)
-    return (int(match["num"]), match["suffix"]) if match else (0, arch)
-
-
-def describe_device_code(code: DeviceCode) -> str:
-    sass = ", ".join(sorted(code.sass, key=_arch_key)) or "none"
-    ptx = ", ".join(sorted(code.ptx, key=_arch_key)) or "none"
-    return f"SASS {sass}; PTX {ptx}"
-
-
-# --------------------------------------------------------------------------
-# Processes
-
-
-def child_env(venv: Path | None = None, gpu: GpuMode = "auto") -> dict[str, str]:
-    """The environment of every child: ours, less what would redirect Python."""
-    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
-    env.update(
-        PYTHONNOUSERSITE="1",
-        PYTHONDONTWRITEBYTECODE="1",
-        PYTHONFAULTHANDLER="1",
-        PYTHONUNBUFFERED="1",
-        PIP_DISABLE_PIP_VERSION_CHECK="1",
-        PIP_NO_INPUT="1",
-        PIP_NO_COLOR="1",
-    )
-    if venv is not None:
-        env["VIRTUAL_ENV"] = str(venv)
-        env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", os.defpath)])
-    if gpu == "off":
-        env["REPRO_VERIFY_GPU"] = "0"
-    elif gpu == "on":
-        env["REPRO_VERIFY_GPU"] = "1"
-    return env
-
-
-# --------------------------------------------------------------------------
-# Tools
-
-
-def find_cuobjdump(site_dirs: Iterable[str | Path] = ()) -> Path | None:
-    """cuobjdump from PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, or the
-    ``nvidia-cuda-cuobjdump`` wheel (site-packages/nvidia/**/bin)."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return Path(found)
-    candidates = [
-        Path(os.environ[var]) / "bin" / "cuobjdump" for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)
-    ]
-    candidates.append(Path("/usr/local/cuda/bin/cuobjdump"))
-    # The given site dirs, then every directory this interpreter imports from: a
-    # --system-site-packages venv (scripts/bootstrap.sh makes one) also sees the
-    # base interpreter's site-packages, where pip may have left the wheel.
-    for site_dir in [*map(Path, site_dirs), *(Path(p) for p in sys.path if p)]:
-        nvidia = site_dir / "nvidia"
-        if nvidia.is_dir():
-            candidates.extend(sorted(nvidia.glob("**/bin/cuobjdump")))
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-class Demangler:
-    """c++filt, when it is installed; names pass through unchanged otherwise."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._tool = shutil.which("c++filt", path=env.get("PATH"))
-        self._env = env
-        self._cache: dict[str, str] = {}
-
-    def __call__(self, names: Sequence[str]) -> list[str]:
-        todo = sorted({n for n in names if n not in self._cache and n.startswith("_Z")})
-        if todo and self._tool:
-            lines = proc.capture([self._tool, *todo], env=self._env).splitlines()
-            if len(lines) == len(todo):
-                self._cache.update(zip(todo, lines, strict=True))
-        return [self._cache.get(n, n) for n in names]
-
-
 # --------------------------------------------------------------------------
 # The run
-
-
-@dataclass(frozen=True, kw_only=True)
-class _ItemResult:
-    kind: str
-    target: str
-    ok: bool
-    error: str = ""
-
-
-class _Session:
-    """State of one verification run: paths, environment, logs, tools."""
-
-    def __init__(
-        self,
-        *,
-        wheel_dir: Path,
-        work_dir: Path,
-        python: str,
-        gpu: GpuMode,
-        log_dir: Path,
-        installed: bool = False,
-        isolated: bool = False,
-    ) -> None:
-        self.wheel_dir = wheel_dir
-        self.work_dir = work_dir
-        self.python = python
-        self.gpu = gpu
-        self.log_dir = log_dir
-        self.venv = work_dir / "venv"
-        self.venv_python = self.venv / "bin" / "python"
-        self.pip = [str(self.venv_python), "-m", "pip"]
-        self.scratch = work_dir / "scratch"
-        self.env = child_env(self.venv, gpu)
-        self._logs: set[Path] = set()
-        self.demangle = Demangler(self.env)
-        self._torch_indexes: dict[Path, elfcheck.SymbolIndex] = {}
-        self.installed = installed  # check python's own environment: no scratch venv, no install
-        self.isolated = isolated  # a venv that sees the base interpreter and the provided set only
-        self.provided: tuple[str, ...] = ()
-        #: Site directories the scratch venv sees that the wheelhouse's own install command would not (this
-        #: tool's venv, made visible for the base's torch): what is only there does not meet a requirement.
-        self.foreign: list[str] = []
-        #: Distributions installed in this tool's own venv (not its base interpreter's, not provided): a
-        #: requirement of theirs that the wheelhouse breaks is the tool's, not the target's.
-        self.tool_own: set[str] = set()
-
-    def log(self, name: str) -> Path:
-        """``<log_dir>/<name>.log``, emptied the first time this run asks."""
-        path = self.log_dir / f"{_safe(name)}.log"
-        if path not in self._logs:
-            self._logs.add(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"")
-        return path
-
-    def torch_index(self, torch_lib: Path) -> elfcheck.SymbolIndex:
-        """Who defines what among torch's libraries; built once per run."""
-        if torch_lib not in self._torch_indexes:
-            libs = [p for p in torch_lib.glob("*.so*") if p.is_file() and elfcheck.is_elf(p)]
-            self._torch_indexes[torch_lib] = elfcheck.SymbolIndex(libs)
-        return self._torch_indexes[torch_lib]
-
-    def run(self, argv: Sequence[str], *, log: str, timeout: float | None = None, cwd: Path | None = None) -> Completed:
-        return run_logged(argv, log=self.log(log), env=self.env, timeout=timeout, cwd=cwd or self.scratch)
-
-    def runner_info(
-        self,
-        python: str | Path,
-        dists: Sequence[str],
-        *,
-        log: str,
-        versions: Mapping[str, str] | None = None,
-        foreign: Sequence[str] = (),
-        allowed: Sequence[str] = (),
-    ) -> dict[str, Any] | Completed:
-        """What ``python`` has of ``dists``; where ``versions`` names one, the copy of that version on its path.
-
-        A requirement of theirs met only from one of the ``foreign`` directories (this tool's own venv), and
-        not ``allowed`` (provided), counts as unmet (see tasks/outside/verify_runner.py)."""
-        request = self.scratch / f"{log}.request.json"
-        out = self.scratch / f"{log}.json"
-        doc = {"dists": list(dists), "versions": dict(versions or {}), "foreign": list(foreign),
-               "allowed": list(allowed)}  # fmt: skip
-        write_atomic(request, json.dumps(doc))
-        out.unlink(missing_ok=True)
-        done = self.run([str(python), str(RUNNER), "info", str(request), str(out)], log=log, timeout=TOOL_TIMEOUT_S)
-        if not done.ok or not out.is_file():
-            return done
-        result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-        return result
-
-
-_SYSTEM_LIB = re.compile(r"^(ld-linux.*|lib(c|m|dl|rt|pthread|util|gcc_s|stdc\+\+)\.so(\.\d+)*)$")
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
 
 
 def verify_wheelhouse(
@@ -384,7 +138,7 @@ def verify_wheelhouse(
     work_dir = Path(work_dir).resolve()
     manifest = load_manifest(wheel_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    session = _Session(
+    session = VerifySession(
         wheel_dir=wheel_dir,
         work_dir=work_dir,
         python=str(Path(resolved).absolute()),
@@ -445,7 +199,10 @@ def advice(failures: Sequence[Row]) -> str:
     return " ".join(said)
 
 
-def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> Iterator[Row]:
+_SYSTEM_LIB = re.compile(r"^(ld-linux.*|lib(c|m|dl|rt|pthread|util|gcc_s|stdc\+\+)\.so(\.\d+)*)$")
+
+
+def _verify(session: VerifySession, manifest: Manifest, *, smoke_timeout: float) -> Iterator[Row]:
     house = "wheelhouse"
     yield _check_hashes(session.wheel_dir, manifest)
     yield _check_contents(session.wheel_dir, manifest)
@@ -457,14 +214,13 @@ def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> I
             package=house, check="venv", status="FAIL", detail=base.failure(f"{session.python} (base interpreter)")
         )
         return
-    if session.installed:
-        yield _use_installed(session, base)
-    else:
-        venv_row = _make_venv(session, base)
-        yield venv_row
-        if venv_row.status == "FAIL":
-            return
-        install_row = _install(session)
+    env = for_session(session)
+    venv_row = env.prepare(session, base)
+    yield venv_row
+    if venv_row.status == "FAIL":
+        return
+    install_row = env.install(session)
+    if install_row is not None:
         yield install_row
         if install_row.status == "FAIL":
             return
@@ -490,7 +246,7 @@ def _verify(session: _Session, manifest: Manifest, *, smoke_timeout: float) -> I
         yield from _environment_rows(session, manifest.environment, smoke_timeout=smoke_timeout)
 
 
-def _environment_rows(session: _Session, spec: WheelSpec, *, smoke_timeout: float) -> Iterator[Row]:
+def _environment_rows(session: VerifySession, spec: WheelSpec, *, smoke_timeout: float) -> Iterator[Row]:
     """``[runtime] verify``: what the environment as a whole must import and run (the recipe's own checks)."""
     if spec.imports:
         yield _import_row(spec.package, list(spec.imports), _run_checks(session, spec, list(spec.imports), []))
@@ -498,7 +254,7 @@ def _environment_rows(session: _Session, spec: WheelSpec, *, smoke_timeout: floa
         yield from _smoke_rows(session, spec, timeout=smoke_timeout)
 
 
-def _closure_rows(session: _Session, manifest: Manifest, info: Mapping[str, Any]) -> Iterator[Row]:
+def _closure_rows(session: VerifySession, manifest: Manifest, info: Mapping[str, Any]) -> Iterator[Row]:
     """The runtime closure as a whole: every wheel installed from the wheelhouse, every requirement met."""
     prefix = str(Path(info["prefix"]).resolve())
     wrong, unmet = [], []
@@ -531,7 +287,7 @@ _PIP_CHECK_LINE = re.compile(
 )
 
 
-def _pip_check_row(session: _Session, manifest: Manifest) -> Row:
+def _pip_check_row(session: VerifySession, manifest: Manifest) -> Row:
     """``pip check`` over everything the venv sees, the base and the wheelhouse: a broken requirement of any
     installed distribution that involves a wheel of ours or of the closure fails (the base's own breakage,
     which the wheelhouse did not cause, is counted, not failed)."""
@@ -559,16 +315,6 @@ def _pip_check_row(session: _Session, manifest: Manifest) -> Row:
                    "`doit lock`)")  # fmt: skip
     return Row(package="wheelhouse", check="pip-check", status="PASS",
                detail=f"pip check: no requirement of base or wheelhouse broken by the wheelhouse{aside}")  # fmt: skip
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _is_base_site(path: Path, base: Mapping[str, Any]) -> bool:
-    """Whether ``path`` belongs to the base interpreter itself (its base_prefix), not to the venv it runs in."""
-    root = str(base.get("base_prefix") or "")
-    return bool(root) and path.resolve().is_relative_to(Path(root).resolve())
 
 
 def _check_hashes(wheel_dir: Path, manifest: Manifest) -> Row:
@@ -633,227 +379,6 @@ def _check_provenance(wheel_dir: Path, manifest: Manifest) -> Row:
     )
 
 
-def _make_venv(session: _Session, base: Mapping[str, Any]) -> Row:
-    if session.venv.exists():
-        shutil.rmtree(session.venv)
-    session.scratch.mkdir(parents=True, exist_ok=True)
-    site = [] if session.isolated else ["--system-site-packages"]
-    done = session.run([session.python, "-m", "venv", *site, str(session.venv)], log="venv", timeout=TOOL_TIMEOUT_S)
-    if not done.ok and "ensurepip" in done.output:
-        # A Python without ensurepip (Debian without python3-venv): make the
-        # venv without pip and drive the base interpreter's pip into it.
-        shutil.rmtree(session.venv, ignore_errors=True)
-        done = session.run(
-            [session.python, "-m", "venv", *site, "--without-pip", str(session.venv)],
-            log="venv",
-            timeout=TOOL_TIMEOUT_S,
-        )
-        session.pip = [session.python, "-m", "pip", "--python", str(session.venv_python)]
-    if not done.ok:
-        return Row(package="wheelhouse", check="venv", status="FAIL", detail=done.failure("python -m venv"))
-    note = ""
-    if session.isolated:
-        return _provide(session, base)
-    if base.get("in_venv"):
-        # --system-site-packages reaches the *base* interpreter's packages, not
-        # those of a venv we were started from; a .pth file makes them visible,
-        # after the scratch venv's own site-packages.
-        # Its site directories, and what their own .pth files add (a venv that sees a host's torch through a
-        # .pth line, as the GPU hosts' do): a .pth line is not read for .pth files of the directory it adds.
-        runner_dir = str(RUNNER.parent)
-        pth_dirs: list[str] = []
-        # Only directories of installed distributions: an editable install's line names a checkout, which may
-        # hold the scratch venv itself (a checkout's build/verify/venv), and would make it the tool's own.
-        for d in [*base.get("site_dirs", []), *base.get("sys_path", [])]:
-            if d in pth_dirs or d == runner_dir or not Path(d).is_dir():
-                continue
-            if session.venv.resolve().is_relative_to(Path(d).resolve()):
-                continue
-            if d in base.get("site_dirs", []) or (
-                not _is_base_site(Path(d), base) and next(Path(d).glob("*.dist-info"), None) is not None
-            ):
-                pth_dirs.append(d)
-        for site_dir in _venv_site_dirs(session.venv):
-            write_atomic(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
-        session.foreign = [str(d) for d in pth_dirs if not _is_base_site(Path(d), base)]
-        if Path(str(base.get("prefix", ""))).resolve() == Path(sys.prefix).resolve():  # this tool's own venv
-            provided = {_canonical(line.split("==")[0]) for line in session.provided}
-            session.tool_own = _tool_closure() - provided
-        note = f"; base venv {base.get('prefix')} visible through a .pth file (for what [runtime] provides only)"
-    return Row(
-        package="wheelhouse",
-        check="venv",
-        status="PASS",
-        detail=f"{session.venv} (Python {base.get('python')}, --system-site-packages){note}",
-    )
-
-
-def _tool_closure() -> set[str]:
-    """reprostack and every distribution it requires, transitively, as installed for this interpreter."""
-    # Here, not at the top: inside an image (tasks/verify/incontainer.py) this module has only the standard
-    # library and KIT_DEPENDENCIES (tasks/verify/image.py), and the tool's venv is never the base there.
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    seen: set[str] = set()
-    todo = ["reprostack"]
-    while todo:
-        name = _canonical(todo.pop())
-        if name in seen:
-            continue
-        try:
-            requires = importlib.metadata.requires(name) or []
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        seen.add(name)
-        for line in requires:
-            try:
-                req = Requirement(line)
-            except InvalidRequirement:
-                continue
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return seen
-
-
-def _provide(session: _Session, base: Mapping[str, Any]) -> Row:
-    """Make the provided set visible in the isolated venv: each distribution's files, linked from the base
-    interpreter into one directory that a .pth file adds to the venv's path."""
-    wanted = [line.split("==")[0] for line in session.provided]  # "name==version", or "name": any version
-    # The provided version wherever it is on the interpreter's path: doit's own venv may put another
-    # copy (its pinned filelock, say) in front of the base's.
-    pinned = {line.split("==")[0]: line.split("==", 1)[1] for line in session.provided if "==" in line}
-    found = session.runner_info(session.python, wanted, log="provided-info", versions=pinned)
-    if isinstance(found, Completed):
-        return Row(
-            package="wheelhouse", check="venv", status="FAIL", detail=found.failure("inspecting the provided set")
-        )
-    # What the target provides includes what those distributions themselves need (torch's own
-    # dependencies, say): their requirements, followed in the base interpreter's environment.
-    names = list(wanted)
-    todo = [d for d in found["dists"].values() if d.get("found")]
-    while todo:
-        more = {_requirement_name(r) for d in todo for r in d.get("requires", []) if "extra ==" not in r} - set(names)
-        if not more:
-            break
-        extra = session.runner_info(session.python, sorted(more), log="provided-info")
-        if isinstance(extra, Completed):
-            break
-        names += sorted(more)
-        todo = [d for d in extra["dists"].values() if d.get("found")]
-        found["dists"].update({k: v for k, v in extra["dists"].items() if v.get("found")})
-    missing = []
-    shared = session.scratch / "provided"
-    shutil.rmtree(shared, ignore_errors=True)
-    shared.mkdir(parents=True)
-    for name in names[len(wanted) :]:
-        dist = found["dists"].get(name, {"found": False})
-        if dist.get("found"):
-            location = Path(dist["location"])
-            tops = {Path(f).relative_to(location).parts[0] for f in dist["files"] if Path(f).is_relative_to(location)}
-            for top in sorted(tops):
-                if not top.startswith(".."):
-                    _link_merged(location / top, shared / top)
-    for line, name in zip(session.provided, wanted, strict=True):
-        dist = found["dists"].get(name, {"found": False})
-        version = line.split("==", 1)[1] if "==" in line else ""
-        if not dist.get("found"):
-            missing.append(f"{line} (not installed for {session.python})")
-            continue
-        if version and dist["version"].split("+")[0] != version.split("+")[0]:
-            missing.append(f"{line} (the base interpreter has {dist['version']})")
-        location = Path(dist["location"])
-        tops = {Path(f).relative_to(location).parts[0] for f in dist["files"] if Path(f).is_relative_to(location)}
-        for top in sorted(tops):
-            if not top.startswith(".."):
-                _link_merged(location / top, shared / top)
-    for site_dir in _venv_site_dirs(session.venv):
-        write_atomic(site_dir / "_repro_provided.pth", f"{shared}\n")
-    if missing:
-        return Row(
-            package="wheelhouse",
-            check="venv",
-            status="FAIL",
-            detail="the target must provide, but the base interpreter lacks: " + "; ".join(missing),
-        )
-    return Row(
-        package="wheelhouse",
-        check="venv",
-        status="PASS",
-        detail=f"{session.venv}: isolated (no system site-packages), sees {_n(len(wanted), 'provided distribution')}"
-        f" and the {_n(len(names) - len(wanted), 'distribution')} they need",
-    )
-
-
-def _requirement_name(line: str) -> str:
-    """The distribution a requirement line names (``torch>=2; python_version>'3'`` -> ``torch``)."""
-    return re.split(r"[\s;<>=!~\[(]", line.strip(), maxsplit=1)[0]
-
-
-def _link_merged(src: Path, dest: Path) -> None:
-    """Link ``src`` at ``dest``; where two distributions share a directory (namespace packages such as
-    ``nvidia/``), ``dest`` becomes a real directory holding links to both's entries."""
-    if not dest.exists() and not dest.is_symlink():
-        dest.symlink_to(src)
-        return
-    if not (src.is_dir() and dest.is_dir()):
-        return  # the same file from two distributions: the first stays
-    if dest.is_symlink():
-        previous = dest.resolve()
-        dest.unlink()
-        dest.mkdir()
-        for child in previous.iterdir():
-            _link_merged(child, dest / child.name)
-    for child in src.iterdir():
-        _link_merged(child, dest / child.name)
-
-
-def _use_installed(session: _Session, base: Mapping[str, Any]) -> Row:
-    """Check ``session.python``'s own environment instead of a scratch venv."""
-    session.venv = Path(str(base["prefix"]))
-    session.venv_python = Path(session.python)
-    session.env = child_env(session.venv, session.gpu)
-    session.scratch.mkdir(parents=True, exist_ok=True)
-    return Row(
-        package="wheelhouse",
-        check="installed",
-        status="PASS",
-        detail=f"checking what {session.python} (Python {base.get('python')}, prefix {session.venv}) has installed",
-    )
-
-
-def _venv_site_dirs(venv: Path) -> list[Path]:
-    return sorted(p for p in venv.glob("lib*/python*/site-packages") if p.is_dir())
-
-
-def _install(session: _Session) -> Row:
-    requirements = session.wheel_dir / "requirements.txt"
-    if not requirements.is_file():
-        return Row(
-            package="wheelhouse",
-            check="install",
-            status="FAIL",
-            detail=f"{requirements} does not exist; rebuild the wheelhouse with `doit wheels`",
-        )
-    done = session.run(
-        [
-            *session.pip, "install",
-            "--no-index", "--no-deps", "--ignore-installed", "--require-hashes",
-            "--find-links", str(session.wheel_dir),
-            "-r", str(requirements),
-        ],
-        log="install",
-        timeout=TOOL_TIMEOUT_S,
-    )  # fmt: skip
-    if not done.ok:
-        return Row(package="wheelhouse", check="install", status="FAIL", detail=done.failure("pip install"))
-    return Row(
-        package="wheelhouse",
-        check="install",
-        status="PASS",
-        detail="pip install --no-index --no-deps --require-hashes -r requirements.txt",
-    )
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Installed:
     """One installed wheel as the venv's interpreter sees it."""
@@ -890,7 +415,7 @@ def _installed(dist: Mapping[str, Any], ext_suffixes: Sequence[str]) -> _Install
 
 
 def _verify_wheel(
-    session: _Session,
+    session: VerifySession,
     manifest: Manifest,
     spec: WheelSpec,
     info: Mapping[str, Any],
@@ -945,7 +470,7 @@ def _verify_wheel(
 
 
 def _run_checks(
-    session: _Session, spec: WheelSpec, imports: Sequence[str], shared: Sequence[Path]
+    session: VerifySession, spec: WheelSpec, imports: Sequence[str], shared: Sequence[Path]
 ) -> dict[tuple[str, str], _ItemResult]:
     """Run the imports and dlopens in the venv, one process per wheel; after a
     crash, blame the item that was running and go on in a fresh process."""
@@ -1091,7 +616,7 @@ def _libs_row(
 
 
 def _symbols_row(
-    session: _Session,
+    session: VerifySession,
     pkg: str,
     installed: _Installed,
     results: Mapping[tuple[str, str], _ItemResult],
@@ -1132,7 +657,7 @@ def _symbols_row(
 
 
 def _arch_row(
-    session: _Session,
+    session: VerifySession,
     manifest: Manifest,
     spec: WheelSpec,
     installed: _Installed,
@@ -1202,7 +727,7 @@ def parse_smoke_output(text: str) -> list[tuple[str, Status, str]]:
     return found
 
 
-def _smoke_rows(session: _Session, spec: WheelSpec, *, timeout: float) -> Iterator[Row]:
+def _smoke_rows(session: VerifySession, spec: WheelSpec, *, timeout: float) -> Iterator[Row]:
     assert spec.smoke is not None
     pkg = spec.package
     script = SMOKE_DIR / f"{spec.smoke}.py"

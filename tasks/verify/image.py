@@ -28,7 +28,7 @@ from tasks.core.fsutil import rmtree, write_atomic
 from tasks.env import docker
 from tasks.image.image import KEY_LABEL, require_image
 from tasks.stages.context import Context
-from tasks.verify.checks import find_cuobjdump
+from tasks.verify.cuda import find_cuobjdump
 from tasks.verify.report import Report, Row
 
 KIT_MOUNT = "/opt/reprostack-verify"
@@ -42,7 +42,9 @@ def gpu_decision(mode: str) -> tuple[bool, str]:
     if mode == "off":
         return False, "gpu=off: no GPU passed to the container"
     smi = shutil.which("nvidia-smi")
-    gpus = [ln for ln in proc.capture([smi, "-L"]).splitlines() if ln.startswith("GPU ")] if smi else []
+    listed = proc.query([smi, "-L"], timeout=120, text=True, tolerant=True) if smi else None
+    out = listed.stdout if listed is not None and listed.returncode == 0 else ""
+    gpus = [ln for ln in out.splitlines() if ln.startswith("GPU ")]
     if not gpus:
         return False, "no NVIDIA GPU on this host (nvidia-smi lists none): GPU checks skipped"
     runtimes = docker.runtimes()

@@ -33,8 +33,9 @@ from conftest import HAVE_HEADERS, require
 
 from tasks.core.errors import VerifyFailed
 from tasks.stages import provenance
-from tasks.verify import checks
+from tasks.verify import checks, cuda
 from tasks.verify.report import Report, Row
+from tasks.verify.session import SMOKE_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_PYBIND11 = importlib.util.find_spec("pybind11") is not None
 GPU = HAVE_TORCH and bool(importlib.import_module("torch").cuda.is_available())
-CUOBJDUMP = checks.find_cuobjdump()
+CUOBJDUMP = cuda.find_cuobjdump()
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ is not installed")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -376,7 +377,7 @@ def wheelhouse(
         sha = hashlib.sha256(w.wheel.read_bytes()).hexdigest()
         default: dict[str, object] = {
             "imports": [],
-            "smoke": w.package if (checks.SMOKE_DIR / f"{w.package}.py").exists() else None,
+            "smoke": w.package if (SMOKE_DIR / f"{w.package}.py").exists() else None,
         }
         entries.append(
             {
@@ -481,8 +482,8 @@ def test_wrong_archs_and_bad_smoke_fail(
 ) -> None:
     smoke = tmp_path / "smoke"
     smoke.mkdir()
-    shutil.copy(checks.SMOKE_DIR / "repro_cuda.py", smoke)
-    shutil.copy(checks.SMOKE_DIR / "_harness.py", smoke)
+    shutil.copy(SMOKE_DIR / "repro_cuda.py", smoke)
+    shutil.copy(SMOKE_DIR / "_harness.py", smoke)
     (smoke / "slow.py").write_text("import time\nprint('starting', flush=True)\ntime.sleep(60)\n")
     (smoke / "silent.py").write_text("import os\nos.abort()\n")
     monkeypatch.setattr(checks, "SMOKE_DIR", smoke)

@@ -51,7 +51,7 @@ def _modules() -> list[Path]:
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(TASKS).as_posix())
 def test_no_subprocess_outside_proc(path: Path) -> None:
     uses = subprocess_uses(ast.parse(path.read_text(), str(path)))
-    assert not uses, f"{path} starts processes itself; use tasks/core/proc.py (query, stream, run_logged, run): {uses}"
+    assert not uses, f"{path} starts processes itself; use tasks/core/proc.py (run, query, stream): {uses}"
 
 
 def test_the_allowed_files_exist() -> None:

@@ -120,7 +120,7 @@ def test_the_namespace_probe_is_remembered(monkeypatch: pytest.MonkeyPatch) -> N
     def no_process(*args: object, **kwargs: object) -> str:
         raise AssertionError("probed again")
 
-    monkeypatch.setattr(proc, "capture", no_process)
+    monkeypatch.setattr(proc, "query", no_process)
     reproducible.method.cache_clear()
     assert reproducible.method() == "mount-namespace"
     reproducible.method.cache_clear()

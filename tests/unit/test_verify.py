@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from tasks.core.errors import ReproError, VerifyFailed
+from tasks.core.proc import run
 from tasks.store.manifest import normalize_arch, parse_manifest
-from tasks.verify import checks, elfcheck
-from tasks.verify.checks import DeviceCode
+from tasks.verify import checks, cuda, elfcheck, session
+from tasks.verify.cuda import DeviceCode
 from tasks.verify.report import Report, Row
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,10 +153,10 @@ LIST_PTX = "PTX file    1: libk.1.sm_80.ptx\n"
 
 
 def test_parse_cuobjdump_listing() -> None:
-    code = checks.parse_cuobjdump(LIST_ELF, LIST_PTX)
+    code = cuda.parse_cuobjdump(LIST_ELF, LIST_PTX)
     assert code.sass == {"sm_90a"}
     assert code.ptx == {"sm_80"}
-    assert checks.describe_device_code(code) == "SASS sm_90a; PTX sm_80"
+    assert cuda.describe_device_code(code) == "SASS sm_90a; PTX sm_80"
 
 
 def test_parse_cuobjdump_many_archs_and_dotted_names() -> None:
@@ -163,35 +164,35 @@ def test_parse_cuobjdump_many_archs_and_dotted_names() -> None:
         f"ELF file {i:>4}: flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.{i}.{arch}.cubin"
         for i, arch in enumerate(["sm_80", "sm_90", "sm_90a", "sm_100a"], start=1)
     )
-    code = checks.parse_cuobjdump(listing + "\nELF file    5: weird.cubin\n")
+    code = cuda.parse_cuobjdump(listing + "\nELF file    5: weird.cubin\n")
     assert code.sass == {"sm_80", "sm_90", "sm_90a", "sm_100a"}
     assert code.unknown == ("weird.cubin",)
-    assert checks.describe_device_code(code).startswith("SASS sm_80, sm_90, sm_90a, sm_100a")
+    assert cuda.describe_device_code(code).startswith("SASS sm_80, sm_90, sm_90a, sm_100a")
 
 
 def test_arch_problems() -> None:
     good = DeviceCode(sass=frozenset({"sm_90a"}))
-    assert checks.arch_problems(good, ["sm_90a"]) == []
-    assert checks.arch_problems(good, ["sm_90a", "sm_80"]) == ["no SASS for sm_80"]
+    assert cuda.arch_problems(good, ["sm_90a"]) == []
+    assert cuda.arch_problems(good, ["sm_90a", "sm_80"]) == ["no SASS for sm_80"]
     jit = DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_80"}))
-    assert checks.arch_problems(jit, ["sm_90a"]) == ["PTX without SASS for sm_80 (left to PTX JIT)"]
+    assert cuda.arch_problems(jit, ["sm_90a"]) == ["PTX without SASS for sm_80 (left to PTX JIT)"]
     ptx_only = DeviceCode(ptx=frozenset({"sm_90a"}))
-    assert checks.arch_problems(ptx_only, ["sm_90a"]) == [
+    assert cuda.arch_problems(ptx_only, ["sm_90a"]) == [
         "no SASS for sm_90a",
         "PTX without SASS for sm_90a (left to PTX JIT)",
     ]
     both = DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_90a"}))
-    assert checks.arch_problems(both, ["sm_90a"]) == []
+    assert cuda.arch_problems(both, ["sm_90a"]) == []
 
 
 def test_arch_problems_same_family() -> None:
     # sm_90 SASS runs on the sm_90a target's GPU (FA2 builds plain sm_90) ...
-    assert checks.arch_problems(DeviceCode(sass=frozenset({"sm_90"})), ["sm_90a"]) == []
+    assert cuda.arch_problems(DeviceCode(sass=frozenset({"sm_90"})), ["sm_90a"]) == []
     # ... and compute_90 PTX beside sm_90a SASS is never JIT-compiled there.
-    assert checks.arch_problems(DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_90"})), ["sm_90a"]) == []
+    assert cuda.arch_problems(DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_90"})), ["sm_90a"]) == []
     # Another family's PTX still is.
     lone = DeviceCode(sass=frozenset({"sm_90a"}), ptx=frozenset({"sm_100"}))
-    assert checks.arch_problems(lone, ["sm_90a"]) == ["PTX without SASS for sm_100 (left to PTX JIT)"]
+    assert cuda.arch_problems(lone, ["sm_90a"]) == ["PTX without SASS for sm_100 (left to PTX JIT)"]
 
 
 def test_find_cuobjdump_in_nvidia_wheel_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,12 +202,12 @@ def test_find_cuobjdump_in_nvidia_wheel_layout(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(sys, "path", [])  # not this interpreter's own wheel
     if Path("/usr/local/cuda/bin/cuobjdump").exists():
         pytest.skip("/usr/local/cuda/bin/cuobjdump exists and takes precedence")
-    assert checks.find_cuobjdump([tmp_path]) is None
+    assert cuda.find_cuobjdump([tmp_path]) is None
     tool = tmp_path / "nvidia" / "cu13" / "bin" / "cuobjdump"
     tool.parent.mkdir(parents=True)
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
-    assert checks.find_cuobjdump([tmp_path]) == tool
+    assert cuda.find_cuobjdump([tmp_path]) == tool
 
 
 def test_find_cuobjdump_in_the_base_site_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,7 +224,7 @@ def test_find_cuobjdump_in_the_base_site_packages(tmp_path: Path, monkeypatch: p
     if Path("/usr/local/cuda/bin/cuobjdump").exists():
         pytest.skip("/usr/local/cuda/bin/cuobjdump exists and takes precedence")
     monkeypatch.setattr(sys, "path", [str(tmp_path / "venv-site-packages"), str(site)])
-    assert checks.find_cuobjdump() == tool
+    assert cuda.find_cuobjdump() == tool
 
 
 # --------------------------------------------------------------------------- names
@@ -323,9 +324,9 @@ def test_gpu_smoke_scripts_skip_when_gpu_is_off(name: str, tmp_path: Path) -> No
 # --------------------------------------------------------------------------- processes
 
 
-def test_run_logged_echoes_and_captures(tmp_path: Path) -> None:
+def test_run_unchecked_echoes_and_captures(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "x.log"
-    done = checks.run_logged(["sh", "-c", "echo out; echo err >&2; exit 3"], log=log, env=dict(os.environ))
+    done = run(["sh", "-c", "echo out; echo err >&2; exit 3"], log=log, env=dict(os.environ), check=False)
     assert done.returncode == 3 and not done.ok
     assert "out" in done.output and "err" in done.output
     text = log.read_text()
@@ -333,10 +334,14 @@ def test_run_logged_echoes_and_captures(tmp_path: Path) -> None:
     assert "exit status 3" in done.failure("the thing") and str(log) in done.failure("the thing")
 
 
-def test_run_logged_timeout_stops_the_group(tmp_path: Path) -> None:
+def test_run_unchecked_timeout_stops_the_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
-    done = checks.run_logged(
-        ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], log=tmp_path / "t.log", env=dict(os.environ), timeout=1.0
+    done = run(
+        ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"],
+        log=tmp_path / "t.log",
+        env=dict(os.environ),
+        timeout=1.0,
+        check=False,
     )
     assert done.timed_out and not done.ok
     child = int(pidfile.read_text())
@@ -364,11 +369,11 @@ def test_signal_text() -> None:
 def test_child_env_gpu_modes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
     monkeypatch.setenv("REPRO_VERIFY_GPU", "1")
-    env = checks.child_env(tmp_path / "venv", "auto")
+    env = session.child_env(tmp_path / "venv", "auto")
     assert "PYTHONPATH" not in env and "REPRO_VERIFY_GPU" not in env
     assert env["PATH"].split(os.pathsep)[0] == str(tmp_path / "venv" / "bin")
-    assert checks.child_env(None, "off")["REPRO_VERIFY_GPU"] == "0"
-    assert checks.child_env(None, "on")["REPRO_VERIFY_GPU"] == "1"
+    assert session.child_env(None, "off")["REPRO_VERIFY_GPU"] == "0"
+    assert session.child_env(None, "on")["REPRO_VERIFY_GPU"] == "1"
 
 
 # --------------------------------------------------------------------------- elfcheck
@@ -555,7 +560,7 @@ def test_provided_version_is_found_behind_another_copy(tmp_path: Path) -> None:
 
     def ask(versions: dict[str, str]) -> dict[str, object]:
         request.write_text(json.dumps({"dists": ["repro-fake"], "versions": versions}))
-        subprocess.run([sys.executable, str(checks.RUNNER), "info", str(request), str(out)], env=env, check=True)
+        subprocess.run([sys.executable, str(session.RUNNER), "info", str(request), str(out)], env=env, check=True)
         found: dict[str, object] = json.loads(out.read_text())["dists"]["repro-fake"]
         return found
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from tasks.store.manifest import Manifest, WheelSpec
 from tasks.verify import checks
+from tasks.verify import venv as verify_venv
+from tasks.verify.session import VerifySession
 
 
 def _site(python: Path) -> Path:
@@ -41,13 +43,13 @@ def test_the_scratch_venv_sees_the_tools_pth_dirs_but_not_a_checkout_holding_it(
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tool)
     (_site(tool / "bin" / "python") / "zz-host.pth").write_text(f"{host}\n{checkout}\n")
 
-    session = checks._Session(
+    session = VerifySession(
         wheel_dir=tmp_path / "wheels", work_dir=work, python=str(tool / "bin" / "python"), gpu="off",
         log_dir=tmp_path / "logs",
     )  # fmt: skip
     base = session.runner_info(session.python, [], log="base-python")
     assert isinstance(base, dict)
-    row = checks._make_venv(session, base)
+    row = verify_venv._make_venv(session, base)
     assert row.status == "PASS", row
     seen = subprocess.run([str(session.venv_python), "-c", "import repro_hostonly, sys; print(sys.path)"],
                           capture_output=True, text=True, check=False)  # fmt: skip
@@ -70,13 +72,13 @@ def test_pip_check_leaves_the_tools_own_pins_aside(tmp_path: Path) -> None:
     through it): the wheelhouse's packaging 26.3 broke reprostack's own pin packaging==26.2, which is not
     the target's concern. Those lines are left aside and named; a requirement of anything else that the
     wheelhouse breaks still fails (tests/integration/test_guard.py: a base venv named by python=)."""
-    session = checks._Session(
+    session = VerifySession(
         wheel_dir=tmp_path / "wheels", work_dir=tmp_path / "verify", python=sys.executable, gpu="off",
         log_dir=tmp_path / "logs",
     )  # fmt: skip
     base = session.runner_info(session.python, [], log="base-python")
     assert isinstance(base, dict)
-    assert checks._make_venv(session, base).status == "PASS"
+    assert verify_venv._make_venv(session, base).status == "PASS"
     assert {"reprostack", "tomlkit", "packaging"} <= session.tool_own, session.tool_own
     pinned = next(r for r in importlib.metadata.requires("reprostack") or [] if r.startswith("tomlkit"))
     _dist(_site(session.venv_python), "tomlkit", "0.0.1")  # what the wheelhouse installed, against the pin
