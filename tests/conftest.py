@@ -55,6 +55,25 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_HEADERS = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
 
 
+#: The suites by folder: a test's marker is its folder's. ``-m "not integration"`` is tests/unit, what
+#: ``bash .ci/run --fast`` runs; tests/integration and tests/fixtures_selftest (which builds the fixture
+#: packages themselves, compilers and all) are ``integration``.
+INTEGRATION_DIRS = (REPO / "tests" / "integration", REPO / "tests" / "fixtures_selftest")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test in INTEGRATION_DIRS is marked ``integration``; none elsewhere may be."""
+    misplaced = []
+    for item in items:
+        inside = any(Path(str(item.path)).resolve().is_relative_to(d) for d in INTEGRATION_DIRS)
+        if inside:
+            item.add_marker(pytest.mark.integration)
+        elif item.get_closest_marker("integration"):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(f"marked integration in tests/unit (move them to tests/integration): {misplaced}")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     compiles = any(item.get_closest_marker(m) for m in ("needs_nvcc", "needs_torch", "needs_headers"))

@@ -40,6 +40,8 @@ TAIL_LINES = 40
 #: What :func:`query` raises when its command outlives its timeout (subprocess's own: its message names the
 #: command and the seconds).
 TimeoutExpired = subprocess.TimeoutExpired
+#: The shape of :func:`query` returning bytes: what a caller that lets tests answer for git or docker takes.
+Query = Callable[..., subprocess.CompletedProcess[bytes]]
 
 #: Process groups started by run() and still running, for the interrupt handler.
 _live: set[subprocess.Popen[Any]] = set()

@@ -334,7 +334,7 @@ def connect(value: str, env: dict[str, str], here: Mapping[str, Any], *, timeout
     except Exception as exc:  # (Ray raises ConnectionError, RuntimeError, ...)
         warn(f"cluster={value}: cannot join the cluster ({exc.__class__.__name__}: {exc}); building here")
         return None
-    listed = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    listed = [n for n in ray.nodes() if n.get("Alive")]
     names = _names(listed)
     candidates = [n for n in listed if float(n.get("Resources", {}).get("CPU", 0)) >= 1]
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

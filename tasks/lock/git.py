@@ -52,8 +52,13 @@ def url_hash(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:24]
 
 
-def _git(repo: Path, *args: str, what: str = "", input: bytes | None = None) -> bytes:
-    return proc.query(
+#: How this module runs a short git command (:func:`tasks.core.proc.query`'s signature); tests pass their own
+#: to see what git is asked and give its answer (tests/unit/test_git.py).
+Runner = proc.Query
+
+
+def _git(repo: Path, *args: str, what: str = "", input: bytes | None = None, runner: Runner = proc.query) -> bytes:
+    return runner(
         ["git", "--git-dir", str(repo), *args],
         env=git_env(),
         error=FetchError,
@@ -191,9 +196,10 @@ def ensure_commit(repo: Path, url: str, commit: str, log: Path) -> None:
         raise FetchError(f"{url}: commit {commit} not found on the server (is the pin right? was history rewritten?)")
 
 
-def resolve_ref(url: str, ref: str) -> str:
-    """The commit a tag or branch of ``url`` points at (``git ls-remote``)."""
-    out = proc.query(
+def resolve_ref(url: str, ref: str, *, runner: Runner = proc.query) -> str:
+    """The commit a tag or branch of ``url`` points at (``git ls-remote``): an annotated tag's commit, else
+    the tag's, else the branch's; a :class:`LockError` where the ref names nothing, or several commits."""
+    out = runner(
         ["git", "ls-remote", url, ref, f"{ref}^{{}}"],
         env=git_env(),
         error=LockError,
@@ -212,8 +218,8 @@ def resolve_ref(url: str, ref: str) -> str:
     raise LockError(f"{url}: ref {ref!r} not found (no such tag or branch)")
 
 
-def list_tree(repo: Path, commit: str) -> list[TreeItem]:
-    out = _git(repo, "ls-tree", "-r", "-z", "--full-tree", commit, what=f"git ls-tree {commit}")
+def list_tree(repo: Path, commit: str, *, runner: Runner = proc.query) -> list[TreeItem]:
+    out = _git(repo, "ls-tree", "-r", "-z", "--full-tree", commit, what=f"git ls-tree {commit}", runner=runner)
     items = []
     for rec in out.split(b"\0"):
         if not rec:
@@ -229,13 +235,13 @@ def gitlinks(repo: Path, commit: str) -> dict[str, str]:
     return {i.path: i.sha for i in list_tree(repo, commit) if i.type == "commit"}
 
 
-def submodule_urls(repo: Path, commit: str, super_url: str) -> dict[str, str]:
-    """Submodule path -> absolute URL from ``.gitmodules`` at ``commit``."""
+def submodule_urls(repo: Path, commit: str, super_url: str, *, runner: Runner = proc.query) -> dict[str, str]:
+    """Submodule path -> absolute URL from ``.gitmodules`` at ``commit`` (a relative URL joined to ``super_url``)."""
     try:
-        blob = _git(repo, "show", f"{commit}:.gitmodules")
+        blob = _git(repo, "show", f"{commit}:.gitmodules", runner=runner)
     except FetchError:
         return {}
-    out = proc.query(
+    out = runner(
         [
             "git",
             "config",

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,10 @@ def wheel_command(pkg: Package, out: str, build_dir: str, python: str = sys.exec
     ]
 
 
+#: How a build command runs (:func:`tasks.core.proc.run`'s signature, raising ``error`` on failure).
+Runner = Callable[..., proc.Usage]
+
+
 @dataclass(frozen=True)
 class Compiled:
     wheel: Path
@@ -118,13 +123,15 @@ def compile_wheel(
     jobs: int,
     progress: Progress | None = None,
     object_cache: bool = True,
+    runner: Runner = proc.run,
 ) -> Compiled:
     """Stage ``pkg`` at ``stage_dir`` and build its normalised wheel into ``out``; the caller removes the stage.
 
     The build sees the stage at its canonical path (see tasks/env/reproducible.py),
     takes its compiler jobs from the run's jobserver and, unless
     ``object_cache`` is false (``doit repro`` must really recompile), reuses
-    objects from the compile-object cache.
+    objects from the compile-object cache. ``runner`` runs the build command (:func:`tasks.core.proc.run`'s
+    signature; tests pass their own).
     """
     build_dir = stage_package(pkg, trees=source_trees(ctx, pkg), patches=ctx.patches(pkg), dest=stage_dir, log=log)
     raw = out / "raw"
@@ -136,7 +143,9 @@ def compile_wheel(
         cmd = build_container.container_command(
             ctx.builder, wheel_command(pkg, str(raw), str(build_dir)), mounts=mounts, workdir=build_dir, env=env
         )
-        usage = run_build(cmd, env=docker.client_env(), cwd=stage_dir, log=log, pkg=pkg, progress=progress)
+        usage = run_build(
+            cmd, env=docker.client_env(), cwd=stage_dir, log=log, pkg=pkg, progress=progress, runner=runner
+        )
         return Compiled(
             wheel=_normalised(raw, out, pkg, log, ctx.requires_added(pkg)), usage=usage, objects=objcache.Stats(0, 0)
         )
@@ -175,6 +184,7 @@ def compile_wheel(
             pkg=pkg,
             progress=progress,
             watch=watch,
+            runner=runner,
         )
     escaped = watch.escaped() if watch is not None else {}
     if escaped:
@@ -359,8 +369,10 @@ def run_build(
     pkg: Package,
     progress: Progress | None = None,
     watch: compilers.Watch | None = None,
+    runner: Runner = proc.run,
 ) -> proc.Usage:
-    """Run the build command; a compiler killed for memory is reported as that, not as a compile error."""
+    """Run the build command with ``runner``; a full disk and a compiler killed for memory are reported as
+    that, not as a compile error."""
 
     def started(pid: int) -> None:
         for each in (progress, watch):
@@ -368,7 +380,7 @@ def run_build(
                 each.started(pid)
 
     try:
-        return proc.run(
+        return runner(
             cmd,
             env=env,
             cwd=cwd,
