@@ -14,7 +14,8 @@ of an earlier commit (``git worktree add DIR COMMIT``, then its quickstart)::
 `doit plan` beside a no-op `doit wheels`; labels ``NAME/TASK``).
 
 ``--bytecode`` lets Python write bytecode (unsets PYTHONDONTWRITEBYTECODE, as most users' shells are);
-without it the environment is used as it is. A run that exits non-zero, or that builds anything (a
+without it the environment is used as it is. Columns: median, minimum, the best of the first five
+runs, the 90th percentile and the maximum. A run that exits non-zero, or that builds anything (a
 line starting with ``.  build:`` or ``.  wheels``), stops the benchmark: it would not be a no-op.
 """
 
@@ -70,10 +71,12 @@ def main() -> int:
             times[name].append(took)
     bytecode = "written" if args.bytecode else f"PYTHONDONTWRITEBYTECODE={env.get('PYTHONDONTWRITEBYTECODE', '')!r}"
     print(f"no-op `doit {args.tasks} {' '.join(extra)}`, {args.runs} runs each, alternating; bytecode {bytecode}")
-    print(f"{'workspace':<12} {'median ms':>9} {'min ms':>7} {'max ms':>7}")
+    print(f"{'workspace':<12} {'median ms':>9} {'min ms':>7} {'best of 5':>9} {'p90 ms':>7} {'max ms':>7}")
     for name, values in times.items():
         ms = [v * 1000 for v in values]
-        print(f"{name:<12} {statistics.median(ms):>9.0f} {min(ms):>7.0f} {max(ms):>7.0f}")
+        p90 = sorted(ms)[max(0, round(0.9 * len(ms)) - 1)]
+        best5 = min(ms[:5])
+        print(f"{name:<12} {statistics.median(ms):>9.0f} {min(ms):>7.0f} {best5:>9.0f} {p90:>7.0f} {max(ms):>7.0f}")
     return 0
 
 

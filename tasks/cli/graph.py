@@ -35,7 +35,6 @@ from tasks.cli.failures import environment_error as environment_error
 from tasks.cli.failures import guarded
 from tasks.core.errors import BundleError, FetchError, LockError, ReproError
 from tasks.core.fsutil import rmtree
-from tasks.image.offline import write_mirror
 from tasks.lock import kinds
 from tasks.lock.schema import format_problems
 from tasks.stages.context import Context
@@ -226,6 +225,8 @@ def _do_mirror() -> None:
     mirror = ctx.settings.mirror
     if mirror is None:
         raise ReproError("doit mirror needs a destination: doit mirror mirror=DIR (or REPRO_MIRROR=DIR)")
+    from tasks.image.offline import write_mirror
+
     for line in write_mirror(ctx, mirror, source=mirror):  # what the mirror already holds is kept
         print(line, flush=True)
     from tasks.image.selfwheels import write_tool_wheels

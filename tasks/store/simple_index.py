@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-import html
 import zipfile
 import zlib
 from collections.abc import Sequence
-from email.message import Message
-from email.parser import BytesHeaderParser
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from tasks.store.manifest import WheelRecord
+
+if TYPE_CHECKING:  # (html and email load only where a page is written or a wheel read: not in a no-op)
+    from email.message import Message
 
 
 def wheel_project(filename: str) -> str:
@@ -43,6 +44,8 @@ def wheel_metadata(wheel: Path) -> tuple[str, Message]:
                 head = fh.read(METADATA_LIMIT)
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, zlib.error) as exc:
         raise ValueError(f"not a readable wheel ({exc})") from None
+    from email.parser import BytesHeaderParser
+
     return found[0], BytesHeaderParser().parsebytes(head)
 
 
@@ -93,6 +96,8 @@ def requirements(records: Sequence[WheelRecord]) -> str:
 
 
 def _page(title: str, links: Sequence[tuple[str, str]]) -> str:
+    import html
+
     body = "\n".join(f'    <a href="{html.escape(href)}">{html.escape(text)}</a><br/>' for href, text in links)
     return (
         '<!DOCTYPE html>\n<html>\n  <head>\n    <meta name="pypi:repository-version" content="1.0">\n'
