@@ -72,7 +72,7 @@ SHELLS = ("bash", "sh", "shell")
 VARIABLE = re.compile(r"^\s*(?:export\s+)?([A-Z][A-Z0-9_]*)=\"?\$\{\1:-", re.M)
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 #: Environment of a local node: what is dropped from this host's, what is set.
-LOCAL_DROP = ("PIP_", "REPRO_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "UV_")
+LOCAL_DROP = ("PIP_", "REPRO_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "UV_")
 NO_NETWORK = {
     "PIP_NO_INDEX": "1",
     "PIP_CONFIG_FILE": os.devnull,
@@ -254,6 +254,10 @@ def local_node(home: Path, checkout: Path, extra: dict[str, str]) -> Host:
     env = {k: v for k, v in os.environ.items() if not k.startswith(LOCAL_DROP)}
     env = _outside_checkout(env, checkout)
     env.update(NO_NETWORK)
+    # The node's base stays as it is: packages installed with `pip install --user` are the base's, not the home's.
+    user_base = os.environ.get("PYTHONUSERBASE") or str(Path.home() / ".local")
+    if Path(user_base, "lib").is_dir():
+        env["PYTHONUSERBASE"] = user_base
     env.update(HOME=str(home), **extra)
     env.pop("XDG_CACHE_HOME", None)
     env.pop("XDG_CONFIG_HOME", None)
