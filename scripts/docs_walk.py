@@ -287,18 +287,33 @@ def node_image(checkout: Path, suite: str) -> str:
 
 
 def docker_node(home: Path, image: str, mounts: list[Path], extra: dict[str, str]) -> Host:
+    """A container that lives as long as this walk: its main process reads the walk's pipe, so when the walk
+    ends, killed or not, the pipe closes, the process ends and ``--rm`` removes the container."""
     home.mkdir(parents=True, exist_ok=True)
-    argv = ["docker", "run", "--detach", "--rm", "--network", "none", "--label", "org.reprostack.docs-walk=1"]
+    name = f"docs-walk-{os.getpid()}-{int(time.time())}"
+    argv = ["docker", "run", "--interactive", "--rm", "--name", name, "--network", "none"]
     for path in sorted(set(mounts)):
         argv.append(f"--volume={path}:{path}")
     env = {"HOME": str(home), "LANG": "C.UTF-8", **extra}
     argv += [f"--env={k}={v}" for k, v in sorted(env.items())]
-    argv += ["--workdir", str(home), "--entrypoint", "sleep", image, "infinity"]
-    res = subprocess.run(argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise WalkError(f"cannot start the node's container: {res.stderr.strip()[-500:]}")
-    cid = res.stdout.strip()
-    return Host("node", home, env, f"a docker container of {image[:19]}, --network none, home {home}", cid)
+    argv += ["--workdir", str(home), "--entrypoint", "cat", image]
+    keeper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _KEEPERS.append(keeper)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        state = subprocess.run(["docker", "inspect", "--format", "{{.State.Running}}", name], capture_output=True,
+                               text=True, check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+        if state.stdout.strip() == "true":
+            return Host("node", home, env, f"a docker container of {image[:19]}, --network none, home {home}", name)
+        if keeper.poll() is not None:
+            err = keeper.stderr.read().decode(errors="replace") if keeper.stderr else ""
+            raise WalkError(f"cannot start the node's container: {err.strip()[-500:]}")
+        time.sleep(0.2)
+    raise WalkError(f"the node's container {name} did not start within 300 s")
+
+
+#: The `docker run` processes whose stdin keeps a node's container alive (closed by :meth:`Walk.close`).
+_KEEPERS: list[subprocess.Popen[bytes]] = []
 
 
 #: A stand-in torch for the node's base Python: the distribution's metadata and the attributes preflight and the
@@ -454,6 +469,15 @@ class Walk:
             if host.container:
                 subprocess.run(["docker", "rm", "-f", host.container], capture_output=True, check=False)
                 host.container = ""
+        while _KEEPERS:
+            keeper = _KEEPERS.pop()
+            if keeper.stdin is not None:
+                keeper.stdin.close()
+            try:
+                keeper.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                keeper.kill()
+                keeper.wait()
 
     def run_page(self, page: str, blocks: list[Block]) -> bool:
         names = variables(blocks)
