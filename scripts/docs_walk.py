@@ -41,8 +41,9 @@ finds). The walk lists them with the hosts.
     MIRROR=... LOCKDIR=... PROFILE=... python3 scripts/docs_walk.py --scratch /tmp/walk
     python3 scripts/docs_walk.py docs/real-stack.md --roles node --node local --summary walk.md
 
-Prints each block's output, then a summary (page, line, host, exit status, seconds; ``--summary FILE`` writes
-it too, ``--json FILE`` as JSON). Exit status 0 when every block ran and passed, 1 when one failed, 2 when a
+Prints each block's output (also to ``SCRATCH/walk/log.txt``), then the hosts and a summary: each block's page,
+line, host, exit status and seconds, then each command line of a second or more with its seconds
+(``--summary FILE`` writes the tables too, ``--json FILE`` everything as JSON). Exit status 0 when every block ran and passed, 1 when one failed, 2 when a
 page is not walkable or the walk cannot start. Standard library only (it runs on the GPU host, no checkout venv).
 """
 
@@ -449,8 +450,16 @@ class Walk:
                 )
             home = self.scratch / "node-home"
             if self.node_mode == "docker":
-                shared = [Path(v) for v in variables.values() if Path(v).is_absolute() and Path(v).is_dir()]
-                mounts = [self.scratch, *(p for p in shared if self.scratch not in p.parents)]
+                mounts = [self.scratch]
+                for name, value in variables.items():
+                    path = Path(value)
+                    if not path.is_absolute() or path == self.scratch or self.scratch in path.parents:
+                        continue
+                    if path.is_dir():
+                        mounts.append(path)
+                    elif not path.exists():
+                        say(f"warning: {name}={value} does not exist yet and lies outside the scratch directory: "
+                            "the node's container will not see it (give a path under --scratch)", self.log)  # fmt: skip
                 host = docker_node(home, self.image or node_image(self.checkout, self.suite), mounts, extra)
                 if self.fake_torch:
                     site = fake_torch(host, self.fake_torch)
@@ -657,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="docs-walk-")).resolve()
     (scratch / "walk").mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(scratch / "walk" / "state", ignore_errors=True)  # every walk starts its shells afresh
     mode = args.node
     if "node" in roles and mode != "local":
         why = docker_usable()
