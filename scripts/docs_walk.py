@@ -43,8 +43,9 @@ finds). The walk lists them with the hosts.
 
 Prints each block's output (also to ``SCRATCH/walk/log.txt``), then the hosts and a summary: each block's page,
 line, host, exit status and seconds, then each command line of a second or more with its seconds
-(``--summary FILE`` writes the tables too, ``--json FILE`` everything as JSON). Exit status 0 when every block ran and passed, 1 when one failed, 2 when a
-page is not walkable or the walk cannot start. Standard library only (it runs on the GPU host, no checkout venv).
+(``--summary FILE`` writes the tables too, ``--json FILE`` everything as JSON). Exit status 0 when every block
+ran and passed, 1 when one failed, 2 when a page is not walkable or the walk cannot start. Standard library only
+(it runs on the GPU host, with no checkout venv).
 """
 
 from __future__ import annotations
