@@ -5,6 +5,8 @@
 #   scripts/make-base-image.sh runtime   python3, pip, venv, libstdc++: what the example wheels need at run time
 #   scripts/make-base-image.sh builder   runtime + g++, python3-dev, setuptools, wheel, pybind11 (a builder image)
 #   scripts/make-base-image.sh devel     runtime + build-essential, python3-dev, git (for scripts/bench_image.py)
+#   scripts/make-base-image.sh node      builder + git: the docs walk's offline node (scripts/docs_walk.py), which
+#                                        builds from a mirror with the installed tool (SUITE=trixie: Python 3.13)
 #
 # Prints the image ID on stdout (everything else goes to stderr). Each image is
 # tagged by the sha256 of its recipe (this script, the suite, the package
@@ -23,6 +25,7 @@ REPO=reprostack-base
 RUNTIME_PACKAGES="python3,python3-pip,python3-venv,libstdc++6,ca-certificates"
 BUILDER_PACKAGES="g++ python3-dev python3-setuptools python3-wheel python3-pybind11"
 DEVEL_PACKAGES="build-essential python3-dev git"
+NODE_PACKAGES="$BUILDER_PACKAGES git"
 
 log() { echo "make-base-image: $*" >&2; }
 recipe_hash() { { cat "$0"; echo "$SUITE $MIRROR $*"; } | sha256sum | cut -c1-12; }
@@ -48,7 +51,8 @@ case "$FLAVOR" in
     runtime) image_id "$runtime_tag"; exit 0 ;;
     builder) packages=$BUILDER_PACKAGES ;;
     devel) packages=$DEVEL_PACKAGES ;;
-    *) log "unknown flavor '$FLAVOR' (runtime, builder, devel)"; exit 2 ;;
+    node) packages=$NODE_PACKAGES ;;
+    *) log "unknown flavor '$FLAVOR' (runtime, builder, devel, node)"; exit 2 ;;
 esac
 tag="$REPO:$FLAVOR-$SUITE-$(recipe_hash "$FLAVOR" "$packages" "$runtime_tag")"
 if [ -z "$(image_id "$tag")" ]; then

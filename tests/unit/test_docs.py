@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 from tasks.cli.main import variable_docs
 from tasks.core import errors
@@ -53,3 +56,32 @@ def test_help_lists_every_variable_with_its_meaning() -> None:
     docs = variable_docs()
     assert set(docs) == set(VARIABLES), set(docs) ^ set(VARIABLES)
     assert all(docs.values()) and "``" not in "".join(docs.values())
+
+
+def _docs_walk() -> ModuleType:
+    path = DOCS.parents[1] / "scripts" / "docs_walk.py"
+    spec = importlib.util.spec_from_file_location("docs_walk", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["docs_walk"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_walked_pages_say_where_each_shell_block_runs() -> None:
+    """Each bash block of the pages scripts/docs_walk.py walks says its host (or no-walk), and each page has walked
+    blocks; the variables they name are set with a default where they are first needed."""
+    walk = _docs_walk()
+    root = DOCS.parents[1]
+    roles = {}
+    for page in walk.PAGES:
+        blocks = walk.parse_page(root / page, page)  # raises for a bash block without its mark
+        roles[page] = {b.role for b in blocks if b.role}
+        walked = "".join(b.text for b in blocks if b.role)
+        used = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", walked)) - {"HOME", "PATH", "PWD"}
+        assert used <= set(walk.variables(blocks)), (page, used - set(walk.variables(blocks)))
+    assert roles == {
+        "docs/real-stack.md": {"both", "mirror", "node"},
+        "docs/offline.md": {"node"},
+        "docs/your-package.md": {"mirror"},
+    }, roles

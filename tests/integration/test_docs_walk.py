@@ -1,0 +1,230 @@
+"""The docs walk (scripts/docs_walk.py, issue 38): docs/real-stack.md, docs/offline.md and docs/your-package.md run
+as written, a user's way: the mirror written on this host with network, from the example upstreams on loopback;
+the node offline in a container with ``--network none`` of Debian trixie (Python 3.13: another Python than this
+host's), the tool installed there from the mirror's tool/, the lock and its patches in a directory of their own.
+
+The example lock stands in for sources.lock (``LOCKDIR`` holds it as ``sources.lock``, its URLs on this run's
+port; ``PROFILE=quick``). The node stands in for a GPU host: a stand-in driver with one sm_90 GPU and a stand-in
+torch in its base Python. docs/your-package.md walks a lock of our pure-Python fixture ("your own package"), its
+build requirements from a folder of wheels this venv writes. ``DOCS_WALK_SUITE=bookworm`` gives the node Debian
+bookworm's Python 3.11 instead.
+
+Where docker is not usable the walk's node runs locally (the walk says so) and the example lock's provided torch
+must be this host's; in CI docker is required.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, ci_requires, lock_text_for, require
+from serve import FixtureServer
+
+from tasks.image import selfwheels
+
+pytestmark = pytest.mark.integration
+
+WALK = REPO / "scripts" / "docs_walk.py"
+SUITE = os.environ.get("DOCS_WALK_SUITE", "trixie")
+
+
+def your_lock(url: str) -> str:
+    """docs/your-package.md's step 2 for "your own package" (our pure-Python fixture from git, with a patch of
+    the lock's patches/): no pins yet, `reprostack lock` writes them. tests/integration/test_your_package.py
+    goes the same way with a C++ extension; the walk's node compiles one (docs/real-stack.md)."""
+    return f"""\
+format = 1
+patches_dir = "patches"
+
+[toolchain]
+python = ">=3.10"
+archs = ["sm_90a"]
+
+[sources.my-package]
+kind = "git"
+url = "{url}/git/repro_pure.git"
+ref = "v0.1.0"
+license = "MIT"
+
+[packages.repro_pure]
+source = "my-package"
+build_requires = ["setuptools>=61"]
+patches = ["0001-patched-message.patch"]
+verify = {{ imports = ["repro_pure"], smoke = "repro_pure" }}
+
+[runtime]
+requirements = ["repro-greeting>=0.3"]
+python = "{sys.version_info.major}.{sys.version_info.minor}"
+"""
+
+
+def node_mode() -> list[str]:
+    """The walk's node arguments: docker with the stand-ins where it answers, else local (skipped or failed in CI)."""
+    res = None
+    if shutil.which("docker"):
+        res = subprocess.run(["docker", "info"], capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    if res is not None and res.returncode == 0:
+        made = subprocess.run(
+            ["bash", str(REPO / "scripts" / "make-base-image.sh"), "node"], env={**os.environ, "SUITE": SUITE},
+            capture_output=True, text=True, timeout=1800, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if made.returncode != 0:
+            pytest.fail(f"scripts/make-base-image.sh node failed:\n{made.stderr[-3000:]}", pytrace=False)
+        image = made.stdout.strip().splitlines()[-1]
+        return ["--node", "docker", "--node-image", image, "--fake-gpu", "9.0", "--fake-torch", "2.11.0"]
+    why = res.stderr.strip()[-200:] if res is not None else "no docker command"
+    if ci_requires():
+        pytest.fail(f"CI needs docker for the docs walk's offline node: {why}", pytrace=False)
+    probe = subprocess.run(["python3", "-c", "import torch"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        require(f"no docker ({why}), and this host's python3 has no torch for the example lock's provided set")
+    return ["--node", "local", "--fake-gpu", "9.0"]
+
+
+def walk_env(site: Path, server: FixtureServer) -> dict[str, str]:
+    """The mirror host's environment (this host's, its pip pointed at the example index) and the pages' variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "REPRO_"))}
+    env.update(
+        HOME=str(site / "mirror-home"),
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_INDEX_URL=f"{server.url}/simple",
+        PIP_FIND_LINKS=str(site / "shared" / "build-requirements"),
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        REPRO_CACHE=str(site / "mirror-cache"),
+        PYTHONUNBUFFERED="1",
+        # The pages' variables (docs/development.md, "The docs walk").
+        MIRROR=str(site / "shared" / "mirror"),
+        LOCKDIR=str(site / "shared" / "lockdir"),
+        PROFILE="quick",
+        WHEELS=str(site / "node-home" / "stack" / "wheels"),
+        PYTHON=str(site / "node-home" / "stack-env" / "bin" / "python"),
+        DEST=str(site / "shared" / "mirror"),
+        DIR=str(site / "shared" / "mirror"),
+        MYSTACK=str(site / "shared" / "my-stack"),
+        BUILD_REQUIRES="setuptools wheel",
+    )
+    return env
+
+
+def make_site(site: Path, server: FixtureServer) -> dict[str, str]:
+    """The walk's givens: the example lock as sources.lock in a directory of its own, your lock, build requirements."""
+    shared = site / "shared"
+    lockdir = shared / "lockdir"
+    lockdir.mkdir(parents=True)
+    (lockdir / "sources.lock").write_text(lock_text_for(server.url))
+    shutil.copytree(REPO / "examples" / "patches", lockdir / "patches")
+    mine = shared / "my-stack"
+    shutil.copytree(REPO / "examples" / "patches" / "repro_pure", mine / "patches" / "repro_pure")
+    (mine / "sources.lock").write_text(your_lock(server.url))
+    selfwheels.write_wheels(shared / "build-requirements", ("setuptools", "wheel"))
+    (site / "mirror-home").mkdir()
+    return walk_env(site, server)
+
+
+def walk(args: list[str], env: dict[str, str], timeout: float = 1800) -> tuple[int, str, dict[str, Any]]:
+    report = Path(env["HOME"]).parent / f"walk-{len(args)}.json"
+    res = subprocess.run(
+        [sys.executable, str(WALK), *args, "--json", str(report)], env=env, capture_output=True, text=True,
+        timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    out = res.stdout + res.stderr
+    doc = json.loads(report.read_text()) if report.is_file() else {}
+    return res.returncode, out, doc
+
+
+@pytest.fixture(scope="module")
+def node_args() -> list[str]:
+    return node_mode()
+
+
+def test_the_pages_walk_on_the_example_lock(tmp_path: Path, server: FixtureServer, node_args: list[str]) -> None:
+    site = tmp_path / "site"
+    env = make_site(site, server)
+    status, out, doc = walk(["--scratch", str(site), *node_args], env)
+    assert status == 0, out[-6000:]
+    rows = doc["results"]
+    ran = [r for r in rows if r["status"] not in ("skipped", "not run")]
+    assert ran and all(r["status"] == "0" for r in ran), rows
+    pages = {r["page"] for r in ran}
+    assert pages == {"docs/real-stack.md", "docs/offline.md", "docs/your-package.md"}, pages
+    assert {r["role"] for r in ran if r["page"] == "docs/real-stack.md"} == {"mirror", "node"}
+    # The documented steps, each as the pages promise: the tool from tool/, the build offline, verify isolated,
+    # preflight with the node's interpreter, the plain install and pip check; your package locked, built, repro'd.
+    assert "mirror written to" in out and "built repro_pybind in" in out and "built repro_pure in" in out, out[-6000:]
+    assert out.count("preflight: this node can take the wheels") == 2, out[-6000:]
+    assert "No broken requirements found." in out and "identical" in out, out[-6000:]
+    assert "| docs/real-stack.md |" in out  # the summary table
+    facts = "\n".join(doc["facts"])
+    if "--node" in node_args and node_args[node_args.index("--node") + 1] == "docker":
+        assert "--network none" in facts, facts
+        mirror_py = next(f for f in doc["facts"] if f.startswith("mirror:")).rsplit("python3 ", 1)[1]
+        node_py = next(f for f in doc["facts"] if f.startswith("node:")).rsplit("python3 ", 1)[1]
+        if SUITE == "trixie":
+            assert node_py.startswith("3.13") and mirror_py != node_py, facts
+    else:
+        assert "the node runs locally" in out, out[:2000]
+    # Nothing of this checkout's venv stood in: the node's tool is its own venv's.
+    assert (site / "node-home" / "reprostack" / "bin" / "reprostack").is_file()
+
+
+def test_an_altered_command_fails_the_walk_naming_it(
+    tmp_path: Path, server: FixtureServer, node_args: list[str]
+) -> None:
+    """A copy of docs/real-stack.md with the node's first command broken: the walk fails there, naming the page,
+    the block and the command, and runs nothing after it."""
+    site = tmp_path / "site"
+    env = make_site(site, server)
+    page = tmp_path / "real-stack.md"
+    good = "python3 -m venv --system-site-packages ~/reprostack"
+    text = (REPO / "docs" / "real-stack.md").read_text()
+    assert text.count(good) == 1
+    broken = good.replace("~/reprostack", "--no-such-option ~/reprostack")
+    page.write_text(text.replace(good, broken))
+    line = next(n for n, t in enumerate(page.read_text().splitlines(), 1) if "--no-such-option" in t)
+    status, out, doc = walk([str(page), "--roles", "node", "--scratch", str(site), *node_args], env, timeout=600)
+    assert status == 1, out[-4000:]
+    (failure,) = doc["failures"]
+    assert failure.startswith(f"FAILED at {page}:"), failure
+    assert "(block 3, host=node)" in failure and f"line {line}:" in failure, failure
+    assert f"`{broken}` exited 2" in failure, failure
+    assert f"docs walk: {failure}" in out
+    statuses = [(r["line"], r["role"], r["status"]) for r in doc["results"]]
+    assert ("skipped" in {s for _, _, s in statuses}) and statuses[-1][2] == "not run", statuses
+
+
+def test_a_failure_inside_a_command_list_stops_the_walk(tmp_path: Path) -> None:
+    """`a && b && c` where b fails: set -e alone would go on; the walk stops at that line. A host keeps its
+    directory and variables from block to block; the page's variables come from the walk's environment."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A page\n\n```bash host=node\nNAME=${NAME:-default}\nmkdir -p ~/here && cd ~/here\n```\n\n"
+        "```text\nnot run: output\n```\n\n"
+        '```bash host=node\ntest "$PWD" = "$HOME/here" && test "$NAME" = given\n'
+        "mkdir -p ~/there && cp ~/missing ~/there/ && cd ~/there   # the cp fails\n"
+        "echo not-reached\n```\n"
+    )
+    env = {**os.environ, "NAME": "given"}
+    res = subprocess.run(
+        [sys.executable, str(WALK), str(page), "--node", "local", "--scratch", str(tmp_path / "site")],
+        env=env, capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert f"FAILED at {page}:12 (block 3, host=node), line 14: `mkdir -p ~/there && cp ~/missing" in out, out
+    assert "| not-reached" not in out, out
+
+
+def test_a_shell_block_without_its_role_is_refused(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n```bash\necho hello\n```\n\n```bash host=gpu\necho\n```\n")
+    res = subprocess.run([sys.executable, str(WALK), str(page), "--list"], capture_output=True, text=True, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{page}:3: a bash block needs exactly one of host=mirror, host=node, host=both, no-walk" in res.stderr
+    assert f"{page}:7: host=gpu: the roles are mirror, node and both" in res.stderr
