@@ -237,6 +237,53 @@ def test_a_killed_compiler_gives_its_token_back(tmp_path: Path) -> None:
         server.close()
 
 
+def _drain(fifo: Path) -> int:
+    """Read every token the fifo holds now (without blocking): how many."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    count = 0
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            count += len(chunk)
+    finally:
+        os.close(fd)
+    return count
+
+
+@pytest.mark.parametrize("slots", [70_000, 2_000_000])
+def test_a_budget_larger_than_the_fifo_holds_never_blocks(
+    slots: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """jobs= above 65 536 (or a Ray cluster of more CPUs): the job server wrote its tokens into a fifo that
+    holds 64 KiB before anything read it, and blocked for ever, with no output. It grows the pipe where it may
+    and otherwise takes the tokens the fifo holds, with a warning; it never waits."""
+    made: list[JobServer] = []
+    thread = threading.Thread(
+        target=lambda: made.append(JobServer(slots, tmp_path / "js", search_path="", ninja=(None, None))), daemon=True
+    )
+    thread.start()
+    thread.join(timeout=60)
+    blocked = thread.is_alive()
+    fifos = list((tmp_path / "js").glob("jobserver-*.fifo"))
+    while thread.is_alive() and fifos:  # (before the fix: let its write end, so the test ends)
+        _drain(fifos[0])
+        thread.join(timeout=0.1)
+    assert not blocked, f"the job server blocked writing {slots} tokens"
+    server = made[0]
+    try:
+        held = _drain(server.fifo)
+        assert held == server.slots and 4096 <= server.slots <= slots
+        warned = capsys.readouterr().err
+        assert server.slots == slots or f"holds {held} tokens, not {slots}" in warned, warned
+    finally:
+        server.close()
+
+
 def test_slots_are_returned_after_a_failed_block(tmp_path: Path) -> None:
     server = JobServer(2, tmp_path / "js", search_path=os.environ.get("PATH", ""))
     try:
