@@ -30,6 +30,14 @@ if TYPE_CHECKING:
     from tasks.engine.cluster import Cluster
 
 
+#: Of the host's MemAvailable, this share of the memory budget stays free of admissions: where the units' time
+#: or the host's other work is not as recorded, the kernel still has room before any unit is killed.
+HEADROOM_SHARE = 0.05
+#: While compiles wait with a memory budget, the broker asks again this often (seconds), without an event:
+#: a running unit's peak may have passed by the clock, or the host's memory come free.
+RECHECK_S = 1.0
+
+
 @dataclass
 class _Unit:
     """A compile connected to the broker: waiting, or running on a token and on room in the budget."""
@@ -41,6 +49,8 @@ class _Unit:
     live_mb: float = 0.0
     past: bool = False
     since: float = 0.0
+    #: Seconds into the unit when it first held half its expected peak (None: not yet).
+    high_since: float | None = None
     buf: bytes = b""
     #: On a cluster: the node it runs on (tasks/engine/cluster.py ``Node``) and its task there, once sent.
     node: Any = None
@@ -48,9 +58,16 @@ class _Unit:
     #: Its gate said it must run here (a link, a preprocessor run): never sent to a cluster.
     here: bool = False
 
-    def reserved(self) -> float:
-        """The memory counted for this running unit: what it holds, or more, what it is expected to reach."""
-        return admission.reserved(self.expect, self.live_mb, self.past)
+    def outlook(self, now: float) -> admission.Steps:
+        """What this running unit is expected to hold from ``now`` (seconds since the epoch) on."""
+        return admission.outlook(
+            self.expect, elapsed_s=max(0.0, now - self.since), live_mb=self.live_mb, past=self.past,
+            high_since_s=self.high_since,
+        )  # fmt: skip
+
+    def reserved(self, now: float | None = None) -> float:
+        """The memory counted for this running unit now: what it holds, or more, what it is expected to hold."""
+        return self.outlook(time.time() if now is None else now)[0][1]
 
 
 class Broker:
@@ -82,6 +99,8 @@ class Broker:
         self._fifo = fifo_fd
         self.cluster = cluster
         self.budget_mb = budget_mb
+        #: Of the host's MemAvailable, what no admission takes (:data:`HEADROOM_SHARE` of the budget).
+        self.headroom_mb = HEADROOM_SHARE * budget_mb if budget_mb is not None else 0.0
         self.slots = slots
         self._building: dict[str, float] = {}  # package -> priority, while its build runs
         self._dir = tempfile.mkdtemp(prefix="reprostack-jobs-")  # short: unix socket paths are limited
@@ -163,7 +182,11 @@ class Broker:
                 else:
                     sel.unregister(self._tokens)
                 fifo_registered = self._need_token
-            for key, _ in sel.select():
+            recheck = RECHECK_S if self._waiting and self.budget_mb is not None else None
+            events = sel.select(recheck)
+            if not events:  # the clock alone: what the running units are expected to hold has moved on
+                self._grant()
+            for key, _ in events:
                 what = key.data
                 if what == "accept":
                     try:
@@ -258,10 +281,13 @@ class Broker:
 
     def _report(self, conn: socket.socket, unit: _Unit, words: list[str]) -> None:
         """A running compile's reports: ``m LIVE_MB PAST``, ``k PEAK_MB`` (killed for memory) and
-        ``d PEAK_MB PEAK_IN AFTER_MB SECONDS EXIT`` (done)."""
+        ``d PEAK_MB PEAK_IN AFTER_MB SECONDS EXIT [BEFORE_MB PEAK_FROM_S PEAK_FOR_S]`` (done; ``-`` where its
+        peak was not timed)."""
         try:
             if words[0] == "m":
                 unit.live_mb = float(words[1])
+                if unit.high_since is None and unit.live_mb >= admission.HIGH_SHARE * unit.expect.peak_mb:
+                    unit.high_since = max(0.0, time.time() - unit.since)
                 if words[2] == "1" and not unit.past:
                     unit.past = True
                     self._note("past", unit)  # the process its peak comes in has ended: its rest counts
@@ -278,6 +304,10 @@ class Broker:
                     found["after_mb"] = float(words[3])
                 if words[5] != "0":
                     found["exit"] = int(words[5])
+                if len(words) > 8 and words[8] != "-":
+                    found["before_mb"] = float(words[6])
+                    found["peak_from_s"] = float(words[7])
+                    found["peak_for_s"] = float(words[8])
                 if unit.node is not None:  # where and when it ran (the trace's node tracks)
                     found["node"] = unit.node.name
                     found["since"] = unit.since
@@ -358,23 +388,30 @@ class Broker:
                 return
 
     def _reserved(self) -> float:
-        return sum(self._units[c].reserved() for c in self._held)
+        now = time.time()
+        return sum(self._units[c].reserved(now) for c in self._held)
 
     def _candidate(self) -> tuple[float, int, socket.socket] | None:
         """The waiter to admit next, if any: the one :func:`tasks.engine.admission.choose` picks."""
         with self._lock:
             building = dict(self._building)
         held = [self._units[c] for c in self._held]
+        now = time.time()
+        running = []
+        for u in held:
+            ahead = u.outlook(now)
+            running.append(admission.Running(u.package, ahead[0][1], u.live_mb, ahead))
         chosen = admission.choose(
             [
                 admission.Waiter(self._units[conn].package, -neg, seq, self._units[conn].expect)
                 for neg, seq, conn in self._waiting
             ],
-            [admission.Running(u.package, u.reserved(), u.live_mb) for u in held],
+            running,
             slots=self.slots,
             budget_mb=self.budget_mb,
             available_mb=available_memory_mb() if self.budget_mb is not None and held else None,
             building=building,
+            headroom_mb=self.headroom_mb,
         )
         return None if chosen is None else next(w for w in self._waiting if w[1] == chosen.seq)
 
