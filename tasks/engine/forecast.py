@@ -285,35 +285,55 @@ def split_units(
     return compiles, tail
 
 
-def package_work(
-    cache_root: Path, patches_dir: Path, pkg: Package, *, slots: int
-) -> tuple[PackageWork, str, tuple[float, float] | None]:
-    """``pkg``'s work for the forecast, where its figures come from (``cache``, ``hints`` or ``none``) and,
-    without a record of this cache, the range its lock's hints give (else None)."""
-    default_mb = pkg.mem_per_job_gb * 1024
-    memory = history.load_memory(history.memory_path(cache_root, pkg.name))
-    recorded = history.load_times(history.times_path(cache_root, pkg.name))
-    for unit, found in memory.items():  # the gate's own seconds: compiling, not waiting in the gate
+def _recorded(cache_root: Path, package: str) -> tuple[dict[str, float], dict[str, dict[str, object]]]:
+    """``package``'s recorded unit seconds (the gate's own where it measured them: compiling, not waiting in
+    the gate) and memory."""
+    memory = history.load_memory(history.memory_path(cache_root, package))
+    recorded = history.load_times(history.times_path(cache_root, package))
+    for unit, found in memory.items():
         seconds = found.get("seconds")
         if isinstance(seconds, int | float) and "exit" not in found:
             recorded[unit] = float(seconds)
-    hints = history.load_times(patches_dir / pkg.name / history.TIMES_HINTS_FILE)
+    return recorded, memory
+
+
+def _ninja_units(record: Mapping[str, Any]) -> list[str]:
+    ninja = record.get("ninja_units")
+    return [str(u) for u in ninja] if isinstance(ninja, list) else []
+
+
+def recorded_units(cache_root: Path, package: str) -> tuple[dict[str, float], dict[str, dict[str, object]]]:
+    """What ``doit hints`` writes into the lock for ``package`` from this cache's records: the compile units
+    of its last build as the forecast runs them (:func:`split_units`) with their seconds, and the memory
+    record of each (its peak, and when it came where the gate timed it)."""
+    recorded, memory = _recorded(cache_root, package)
+    times, _tail = split_units(recorded, memory, _ninja_units(history.read_build(cache_root, package)))
+    return times, {u: memory[u] for u in times if u in memory}
+
+
+def package_work(
+    cache_root: Path, patches_dir: Path, pkg: Package, *, slots: int, profile: str = "default"
+) -> tuple[PackageWork, str, tuple[float, float] | None]:
+    """``pkg``'s work for the forecast, where its figures come from (``cache``, ``hints`` or ``none``) and,
+    without a record of this cache, the range its lock's hints give (else None). The hints are the
+    ``profile``'s (tasks/store/history.py ``hints_path``)."""
+    default_mb = pkg.mem_per_job_gb * 1024
+    recorded, memory = _recorded(cache_root, pkg.name)
+    times_hints = history.hints_path(patches_dir / pkg.name, history.TIMES_HINTS_FILE, profile)
+    hints = history.load_times(times_hints)
     record = history.read_build(cache_root, pkg.name)
     times, origin = (recorded, "cache") if recorded or record else (hints, "hints" if hints else "none")
     expect = admission.Expectations(
         records=memory,
-        hints=history.load_memory(patches_dir / pkg.name / history.MEMORY_HINTS_FILE),
+        hints=history.load_memory(history.hints_path(patches_dir / pkg.name, history.MEMORY_HINTS_FILE, profile)),
         default_mb=default_mb,
     )
     tail = 0.0
     if origin == "cache":
-        ninja = record.get("ninja_units")
-        times, tail = split_units(times, memory, [str(u) for u in ninja] if isinstance(ninja, list) else [])
+        times, tail = split_units(times, memory, _ninja_units(record))
     units = tuple(UnitWork(u, s, expect.expect(u).peak_mb, expect.expect(u)) for u, s in sorted(times.items()))
     serial = serial_seconds(record, units, slots) if record else 0.0
-    prio = admission.priority(
-        history.known_times(cache_root, patches_dir / pkg.name / history.TIMES_HINTS_FILE, pkg.name), slots
-    )
+    prio = admission.priority(history.known_times(cache_root, times_hints, pkg.name), slots)
     span = hint_range(hints.values(), slots) if origin != "cache" and hints else None
     return PackageWork(pkg.name, units, serial, prio, tail), origin, span
 
@@ -351,7 +371,7 @@ def forecast_run(
     slots, budget_mb = budget or run_budget(settings, building)
     work, where = [], {}
     for pkg in building:
-        w, origin, span = package_work(cache_root, patches_dir, pkg, slots=slots)
+        w, origin, span = package_work(cache_root, patches_dir, pkg, slots=slots, profile=settings.profile)
         work.append(w)
         where[pkg.name] = (origin, span)
     return simulate(work, slots=slots, budget_mb=budget_mb), where

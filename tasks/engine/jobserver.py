@@ -287,7 +287,15 @@ class JobServer:
 
     @contextmanager
     def build_session(
-        self, package: str, *, out: Path, cache_root: Path, patches: Path, default_mb: float, log: Path
+        self,
+        package: str,
+        *,
+        out: Path,
+        cache_root: Path,
+        patches: Path,
+        default_mb: float,
+        log: Path,
+        profile: str = "default",
     ) -> Iterator[Session]:
         """Open ``package``'s build with the run's broker for the block, and close it however the block ends.
 
@@ -296,14 +304,17 @@ class JobServer:
         (:func:`tasks.engine.admission.priority` of its known unit times, which go to ``out/unit-times.json``
         for the ninja shim). The broker expects the package's units to hold what this cache
         (``cache_root``) recorded, else what the hints in ``patches`` (the package's folder of the lock's
-        patches) say, else ``default_mb``. When the block ends, a failed or interrupted build's too, the
-        broker waits for the build's gates to end (:meth:`Broker.settle`: their tokens back, their reports
-        read), and what the units held and their seconds go to the cache for the next build and to ``log``.
+        patches; the ``profile``'s own where it has them) say, else ``default_mb``. When the block ends, a
+        failed or interrupted build's too, the broker waits for the build's gates to end
+        (:meth:`Broker.settle`: their tokens back, their reports read), and what the units held and their
+        seconds go to the cache for the next build and to ``log``.
         """
         session = Session(env={}, wait_log=out / "waits.log")
         prio = 0.0
         if self.clients:
-            times = history.known_times(cache_root, patches / history.TIMES_HINTS_FILE, package)
+            times = history.known_times(
+                cache_root, history.hints_path(patches, history.TIMES_HINTS_FILE, profile), package
+            )
             if times:
                 times_file = out / "unit-times.json"
                 times_file.write_text(json.dumps(times))
@@ -320,7 +331,7 @@ class JobServer:
             package,
             prio,
             records=history.load_memory(history.memory_path(cache_root, package)),
-            hints=history.load_memory(patches / history.MEMORY_HINTS_FILE),
+            hints=history.load_memory(history.hints_path(patches, history.MEMORY_HINTS_FILE, profile)),
             default_mb=default_mb,
         )
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,8 +13,27 @@ import pytest
 from tasks.cli.plan import BUILD, REMOTE, SCHEMA, Line, RunPlan, diff_inputs, nearest, render_text, to_json
 from tasks.core.digest import action_key, canonical_json
 from tasks.engine.admission import Expect, priority
-from tasks.engine.forecast import Forecast, PackageWork, UnitWork, hint_range, serial_seconds, simulate, split_units
-from tasks.store.history import Earlier
+from tasks.engine.forecast import (
+    Forecast,
+    PackageWork,
+    UnitWork,
+    hint_range,
+    package_work,
+    recorded_units,
+    serial_seconds,
+    simulate,
+    split_units,
+)
+from tasks.store.history import (
+    MEMORY_HINTS_FILE,
+    TIMES_HINTS_FILE,
+    Earlier,
+    hints_path,
+    record_build,
+    record_memory,
+    record_times,
+    write_hints,
+)
 from tasks.store.remote import history_key, read_history
 
 
@@ -327,3 +347,49 @@ def test_a_package_without_a_record_says_so_with_the_range_of_its_hints() -> Non
     text = render_text(RunPlan("sources.lock", "default", "", 4, None, [nothing], simulate([], slots=4)))
     assert "no record in this cache and no hints in the lock: time unknown" in text
     assert "forecast: none" in text
+
+
+# --------------------------------------------------------------------------- the lock's unit hints
+
+
+def test_hints_are_written_per_profile_from_the_last_builds_compile_units(tmp_path: Path) -> None:
+    """`doit hints` writes the compile units of the package's last build (a preprocessor run joined to its
+    compile, the link left out, a unit of an older build left out) with their seconds, and each one's memory
+    with its peak's timing; the default profile's into the plain files, another's into its own, keeping the
+    patterns a hand wrote; the forecast on a cache without records then runs them, timed."""
+    cache, patches = tmp_path / "cache", tmp_path / "patches" / "fa3"
+    timed = {"peak_mb": 20000.4, "peak_in": "cicc", "after_mb": 3000, "before_mb": 1500, "peak_from_s": 40.04,
+             "peak_for_s": 30.0, "seconds": 400.0}  # fmt: skip
+    record_memory(cache, "fa3", {"k.o": timed, "k.cu.E": {"peak_mb": 300, "seconds": 2.0},
+                                 "old.o": {"peak_mb": 100, "seconds": 9.0}})  # fmt: skip
+    record_times(cache, "fa3", {"k.o": 401.0, "k.cu.E": 2.0, "old.o": 9.0, "libfa3.so": 30.0})
+    record_build(cache, "fa3", key="k", wall_s=500, wait_s=0, compile_s=450, slots=4, ninja_units=["k.o", "libfa3.so"])
+    times, memory = recorded_units(cache, "fa3")
+    assert times == {"k.o": 402.0} and set(memory) == {"k.o"}
+
+    patches.mkdir(parents=True)
+    (patches / MEMORY_HINTS_FILE).write_text('{"flash_fwd_*": {"peak_mb": 12288}, "k.o": {"peak_mb": 1}}\n')
+    assert write_hints(patches, "default", times, memory) == [patches / TIMES_HINTS_FILE, patches / MEMORY_HINTS_FILE]
+    assert (patches / TIMES_HINTS_FILE).read_text() == '{\n"k.o": 402.0\n}\n'
+    assert (patches / MEMORY_HINTS_FILE).read_text() == (
+        '{\n"k.o": {"after_mb": 3000, "before_mb": 1500, "peak_for_s": 30.0, "peak_from_s": 40.0, '
+        '"peak_in": "cicc", "peak_mb": 20000},\n"flash_fwd_*": {"peak_mb": 12288}\n}\n'
+    )
+    assert write_hints(patches, "minimal", {"k.o": 50.0}, {}) == [
+        patches / "unit-times.minimal.json",
+        patches / "unit-memory.minimal.json",
+    ]
+    assert hints_path(patches, TIMES_HINTS_FILE, "minimal") == patches / "unit-times.minimal.json"
+    assert hints_path(patches, TIMES_HINTS_FILE, "no-fa2") == patches / TIMES_HINTS_FILE  # none of its own
+    assert hints_path(patches, TIMES_HINTS_FILE, "default") == patches / TIMES_HINTS_FILE
+    with pytest.raises(ValueError, match="not a name"):
+        write_hints(patches, "../x", times, memory)
+    assert hints_path(patches, TIMES_HINTS_FILE, "../x") == patches / TIMES_HINTS_FILE
+
+    # A fresh host: no records; the forecast runs the lock's hints, the peak timed.
+    pkg = SimpleNamespace(name="fa3", mem_per_job_gb=24)
+    work, origin, span = package_work(tmp_path / "fresh", tmp_path / "patches", pkg, slots=4)  # type: ignore[arg-type]
+    assert origin == "hints" and span == (402.0, 402.0 / 4 + 402.0)
+    assert work.units == (UnitWork("k.o", 402.0, 20000, Expect(20000, "cicc", 3000, 1500, 40.0, 30.0)),)
+    minimal = package_work(tmp_path / "fresh", tmp_path / "patches", pkg, slots=4, profile="minimal")[0]  # type: ignore[arg-type]
+    assert [(u.name, u.seconds, u.expect) for u in minimal.units] == [("k.o", 50.0, Expect(24 * 1024))]
