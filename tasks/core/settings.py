@@ -19,7 +19,8 @@ builddir   REPRO_BUILD_DIR     logs and staging trees (default ``build``)
 gpu        REPRO_GPU           ``auto`` or ``off``: GPU smoke tests in ``doit verify``
 isolated   REPRO_ISOLATED      ``on``: ``doit verify`` in a venv seeing only the base interpreter and the provided set
 update     REPRO_UPDATE        ``doit lock``: sources whose refs are re-resolved (``all`` or names)
-pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare (default: all)
+pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare; ``doit hints``: packages whose hints
+                               are written (default: all)
 base       REPRO_BASE          ``doit image``: a local base image by ID, instead of the lock's digest
 builder    REPRO_BUILDER       where wheels build: ``host``, ``lock`` ([builder]) or a local image ID
 export     REPRO_EXPORT        ``doit export``: output directory (default ``<builddir>/export``)
