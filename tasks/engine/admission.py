@@ -22,7 +22,10 @@ with plain values; the forecast (tasks/engine/forecast.py) calls :func:`choose` 
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
+import functools
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -207,20 +210,20 @@ def total(outlooks: Iterable[Steps]) -> Steps:
     return _tidy(out)
 
 
-def _at(steps: Steps, t: float) -> float:
-    """What ``steps`` hold at ``t`` seconds from now."""
-    held = 0.0
-    for start, mb in steps:
-        if start > t:
-            break
-        held = mb
-    return held
-
-
 def most(*parts: Steps, since: float = 0.0) -> float:
-    """The most ``parts`` hold together at any time from ``since`` seconds from now on."""
-    points = sorted({since, *(start for steps in parts for start, _ in steps if start > since)})
-    return max(sum(_at(steps, t) for steps in parts) for t in points)
+    """The most ``parts`` hold together at any time from ``since`` seconds from now on (one pass over their
+    steps, merged in time: the broker asks this of every waiting unit, each time it may admit one)."""
+    held = [0.0] * len(parts)
+    together = 0.0
+    found = 0.0
+    changes = list(heapq.merge(*([(start, i, mb) for start, mb in steps] for i, steps in enumerate(parts))))
+    for k, (start, i, mb) in enumerate(changes):
+        together += mb - held[i]
+        held[i] = mb
+        last_at_start = k + 1 == len(changes) or changes[k + 1][0] != start
+        if last_at_start and (start >= since or k + 1 == len(changes) or changes[k + 1][0] > since):
+            found = max(found, together)
+    return found
 
 
 def shifted(steps: Steps, by: float) -> Steps:
@@ -257,35 +260,72 @@ class Running:
         return _tidy((start, max(0.0, mb - self.live_mb)) for start, mb in self.steps())
 
 
+def _most_with(base: tuple[list[float], list[float]], steps: Steps) -> float:
+    """:func:`most` of ``base`` (its steps' starts and MB, apart) and ``steps``, for a short ``steps`` beside
+    a long ``base``: for each of ``steps``' spans, the most ``base`` holds in it (a slice's ``max``)."""
+    starts, values = base
+    found = 0.0
+    for j, (start, mb) in enumerate(steps):
+        lo = max(0, bisect.bisect_right(starts, start) - 1)  # the step of base holding at start
+        hi = bisect.bisect_left(starts, steps[j + 1][0]) if j + 1 < len(steps) else len(starts)
+        found = max(found, mb + max(values[lo : max(hi, lo + 1)], default=0.0))
+    return found
+
+
+@dataclass(frozen=True)
+class Beside:
+    """The running units together, from now on: what they are expected to hold (``held``, with the room kept
+    for a unit that waits before the one asking), what they may still take beyond what they hold now
+    (``growth``), and how many they are."""
+
+    held: Steps
+    growth: Steps
+    count: int
+
+    @classmethod
+    def of(cls, running: Sequence[Running]) -> Beside:
+        return cls(total(r.steps() for r in running), total(r.growth() for r in running), len(running))
+
+    def keeping(self, kept: Steps) -> Beside:
+        """The same, with the room ``kept`` for a unit that waits (:func:`kept_for`) held too."""
+        return Beside(total([self.held, kept]), self.growth, self.count)
+
+    @functools.cached_property
+    def _held(self) -> tuple[list[float], list[float]]:
+        return [start for start, _ in self.held], [mb for _, mb in self.held]
+
+    @functools.cached_property
+    def _growth(self) -> tuple[list[float], list[float]]:
+        return [start for start, _ in self.growth], [mb for _, mb in self.growth]
+
+
 def fits(
     steps: Steps,
-    running: Sequence[Running],
+    beside: Beside,
     *,
     budget_mb: float | None,
     available_mb: float | None,
-    held: Steps = (),
     headroom_mb: float = 0.0,
 ) -> bool:
     """Whether a unit expected to hold ``steps`` from now on fits beside the running units, at every time
-    ahead: in the budget, beside ``held`` (the room kept for a unit that waits before it), and in what the
-    host really has left (``available_mb``, MemAvailable, less what the running units may still grow by,
-    less ``headroom_mb``)."""
-    if budget_mb is None or not running:
+    ahead: in the budget, beside what they hold and the room kept for a unit that waits before it
+    (:meth:`Beside.keeping`), and in what the host really has left (``available_mb``, MemAvailable, less
+    what the running units may still grow by, less ``headroom_mb``)."""
+    if budget_mb is None or not beside.count:
         return True  # no budget, or nothing else running: a unit larger than the budget runs alone
-    if most(total(r.steps() for r in running), held, steps) > budget_mb:
+    if _most_with(beside._held, steps) > budget_mb:
         return False
     if available_mb is None:
         return True
-    return most(total(r.growth() for r in running), steps) <= available_mb - headroom_mb
+    return _most_with(beside._growth, steps) <= available_mb - headroom_mb
 
 
-def kept_for(head: Steps, running: Sequence[Running], budget_mb: float) -> Steps:
+def kept_for(head: Steps, beside: Beside, budget_mb: float) -> Steps:
     """The room kept for ``head``, a unit that waits for memory: what it is expected to hold from the first
     time ahead at which it would fit beside the running units (when one of them is expected past its peak),
     else its peak from now on. Units behind it start only where they leave that room free."""
-    now = total(r.steps() for r in running)
-    for start, _ in now:
-        if start > 0 and most(now, shifted(head, start), since=start) <= budget_mb:
+    for start, _ in beside.held:
+        if start > 0 and most(beside.held, shifted(head, start), since=start) <= budget_mb:
             return shifted(head, start)
     return ((0.0, most(head)),)
 
@@ -325,23 +365,21 @@ def choose(
     if not order:
         return None
     head = order[0]
+    beside = Beside.of(running)
     ahead = outlook(head.expect)
-    if fits(ahead, running, budget_mb=budget_mb, available_mb=available_mb, headroom_mb=headroom_mb):
+    if fits(ahead, beside, budget_mb=budget_mb, available_mb=available_mb, headroom_mb=headroom_mb):
         return head
     if budget_mb is None:
         return None
-    held = kept_for(ahead, running, budget_mb)
+    behind = beside.keeping(kept_for(ahead, beside, budget_mb))
     return next(
         (
             w
             for w in order[1:]
-            if fits(
-                outlook(w.expect), running, budget_mb=budget_mb, available_mb=available_mb, held=held,
-                headroom_mb=headroom_mb,
-            )
+            if fits(outlook(w.expect), behind, budget_mb=budget_mb, available_mb=available_mb, headroom_mb=headroom_mb)
         ),
         None,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ HEADROOM_SHARE = 0.05
 #: While compiles wait with a memory budget, the broker asks again this often (seconds), without an event:
 #: a running unit's peak may have passed by the clock, or the host's memory come free.
 RECHECK_S = 1.0
+#: A report of what a running unit holds lets the broker ask again at most this often (seconds).
+REPORTED_S = 0.25
 
 
 @dataclass
@@ -132,6 +134,8 @@ class Broker:
         self._seq = 0
         self._stop = False
         self._need_token = False
+        self._changed = False  # since the last pass: something that may let a waiter in at once
+        self._granted = 0.0  # when the broker last asked which waiter goes (time.monotonic())
         self._served = threading.Condition()  # notified after each pass of the broker's loop (settle())
         self._thread = threading.Thread(target=self._serve, name="job-broker", daemon=True)
         self._thread.start()
@@ -184,10 +188,10 @@ class Broker:
                 fifo_registered = self._need_token
             recheck = RECHECK_S if self._waiting and self.budget_mb is not None else None
             events = sel.select(recheck)
-            if not events:  # the clock alone: what the running units are expected to hold has moved on
-                self._grant()
             for key, _ in events:
                 what = key.data
+                if what != "conn":
+                    self._changed = True
                 if what == "accept":
                     try:
                         conn, _addr = self._listen.accept()
@@ -207,6 +211,13 @@ class Broker:
                         self._received(conn, data)
                 elif what == "wake":
                     os.read(self._wake_r, 64)
+            # A waiter came, a token or room came back, a build began or ended: ask at once. Reports of what
+            # the running units hold, and the clock alone, move what they are expected to hold: ask again
+            # at most every REPORTED_S (the choice costs milliseconds; 64 gates report every second).
+            now = time.monotonic()
+            if self._changed or not events or now - self._granted >= REPORTED_S:
+                self._changed = False
+                self._granted = now
                 self._grant()
             with self._served:
                 self._served.notify_all()
@@ -277,6 +288,7 @@ class Broker:
         self._count(unit, waiting=+1)
         self._seq += 1
         heapq.heappush(self._waiting, (-prio, self._seq, conn))
+        self._changed = True
         self._note("wait", unit)
 
     def _report(self, conn: socket.socket, unit: _Unit, words: list[str]) -> None:
@@ -327,6 +339,7 @@ class Broker:
 
     def _closed(self, conn: socket.socket) -> None:
         """A closed connection: a running unit's token goes back and its room is free; a waiter is dropped."""
+        self._changed = True
         unit = self._units.pop(conn)
         if conn in self._held:
             self._held.discard(conn)
