@@ -473,6 +473,8 @@ class Broker:
             f"live={unit.live_mb:.0f}MB running={len(self._held)} reserved={self._reserved():.0f}MB "
             f"waiting={len(self._waiting)}"
         )
+        if event in ("wait", "start") and unit.expect.timed:  # when its peak is expected: seconds in, and for
+            line += f" peak_at={unit.expect.peak_from_s:.0f}s+{unit.expect.peak_for_s:.0f}s"
         if unit.node is not None:
             line += f" node={unit.node.name}"
         if event == "end":

@@ -622,7 +622,8 @@ def test_a_unit_whose_peak_is_brief_is_charged_its_peak_only_around_it(tmp_path:
     cache = tmp_path / "cache"
 
     def build(name: str, records: dict[str, dict[str, object]]) -> tuple[int, int]:
-        server = JobServer(4, tmp_path / f"js-{name}", search_path=path, mem_budget_gb=600 / 1024)
+        log = tmp_path / f"{name}-units.log"
+        server = JobServer(4, tmp_path / f"js-{name}", search_path=path, mem_budget_gb=600 / 1024, unit_log=log)
         try:
             assert server.broker is not None
             server.broker.building("pkg", records=records, hints={}, default_mb=270)
@@ -650,6 +651,9 @@ def test_a_unit_whose_peak_is_brief_is_charged_its_peak_only_around_it(tmp_path:
         assert float(str(found["before_mb"])) < peak / 2, found  # (a sample while it filled its 250 MB)
     timed = build("timed", recorded)
     assert timed[0] >= 3 and timed[1] <= 2, f"{timed}: with its peak timed, units ran four at once, two peaks"
+    assert " start pkg u0.o expect=" in (tmp_path / "timed-units.log").read_text()
+    assert " peak_at=" in (tmp_path / "timed-units.log").read_text()
+    assert " peak_at=" not in (tmp_path / "first-units.log").read_text()
     untimed = {u: {k: v for k, v in r.items() if k not in ("peak_from_s", "peak_for_s", "before_mb")}
                for u, r in recorded.items()}  # fmt: skip
     assert build("untimed", untimed)[0] <= 2
