@@ -647,8 +647,9 @@ def test_a_unit_whose_peak_is_brief_is_charged_its_peak_only_around_it(tmp_path:
         peak = float(str(found["peak_mb"]))
         start, span = float(str(found["peak_from_s"])), float(str(found["peak_for_s"]))
         assert 1.0 <= span and start + span < float(str(found["seconds"])) - 4, found
-        assert 250 <= peak < 400 and float(str(found["after_mb"])) < 100, found
-        assert float(str(found["before_mb"])) < peak / 2, found  # (a sample while it filled its 250 MB)
+        assert 250 <= peak < 400, found
+        # Under half its peak before and after its span (a sample may catch it filling or freeing its 250 MB).
+        assert float(str(found["before_mb"])) < peak / 2 and float(str(found["after_mb"])) < peak / 2, found
     timed = build("timed", recorded)
     assert timed[0] >= 3 and timed[1] <= 2, f"{timed}: with its peak timed, units ran four at once, two peaks"
     assert " start pkg u0.o expect=" in (tmp_path / "timed-units.log").read_text()
