@@ -28,16 +28,16 @@ from tasks.outside import ninjaorder
 from tasks.store import history
 
 
-def _work(patches: Path, pkg: Package, slots: int) -> PackageWork | None:
-    times = ninjaorder.load_times(patches / pkg.name / ninjaorder.HINTS_FILE)
+def _work(patches: Path, pkg: Package, slots: int, profile: str) -> PackageWork | None:
+    times = ninjaorder.load_times(history.hints_path(patches / pkg.name, ninjaorder.HINTS_FILE, profile))
     if not times:
         return None
     expect = admission.Expectations(
         records={},
-        hints=history.load_memory(patches / pkg.name / history.MEMORY_HINTS_FILE),
+        hints=history.load_memory(history.hints_path(patches / pkg.name, history.MEMORY_HINTS_FILE, profile)),
         default_mb=pkg.mem_per_job_gb * 1024,
     )
-    units = tuple(UnitWork(u, s, expect.expect(u).peak_mb) for u, s in sorted(times.items()))
+    units = tuple(UnitWork(u, s, expect.expect(u).peak_mb, expect.expect(u)) for u, s in sorted(times.items()))
     return PackageWork(pkg.name, units, 0.0, admission.priority(times, slots), 0.0)
 
 
@@ -70,7 +70,7 @@ def main() -> int:
         threads = _threads(pkg)
         host_slots = max(1, args.host_cores // threads)
         cluster_slots = max(1, args.nodes * (args.cores // threads))
-        host = _work(patches, pkg, host_slots)
+        host = _work(patches, pkg, host_slots, args.profile)
         if host is None:
             rows.append((pkg.name, "-", "-", "-", str(threads), "no hints", "no hints", "-"))
             continue
@@ -78,7 +78,7 @@ def main() -> int:
         if heaviest > args.mem * 1024:
             print(f"note: {pkg.name}: a unit is expected to hold {heaviest / 1024:.0f} GB, more than a node has")
         one = simulate([host], slots=host_slots, budget_mb=args.host_mem * 1024)
-        work = _work(patches, pkg, cluster_slots)
+        work = _work(patches, pkg, cluster_slots, args.profile)
         assert work is not None
         many = simulate([work], slots=cluster_slots, budget_mb=args.nodes * args.mem * 1024)
         cpu = sum(u.seconds for u in host.units)

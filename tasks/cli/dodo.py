@@ -25,6 +25,7 @@ from tasks.cli.graph import (  # noqa: F401  (doit collects task_* names from th
     task_bundle,
     task_export,
     task_fetch,
+    task_hints,
     task_image,
     task_lock,
     task_mirror,

@@ -14,6 +14,7 @@
     bundle          one file for an air-gapped site: wheelhouse, SBOM, image, mirror, SHA256SUMS
     unbundle        verify a bundle and unpack it (refuses an altered one)
     plan            what `doit wheels` would do, why, and how long (writes nothing)
+    hints           the lock's unit hints (patches/<pkg>/unit-*.json) from this cache's records, for review
     preflight       the target node checks itself against what the wheels need, before installing
 
 Task creators only read the parsed lock; nothing here touches the network,
@@ -466,7 +467,7 @@ def task_wheels() -> TaskDict:
         from tasks.engine.admission import shard_packages
         from tasks.store.history import package_weights
 
-        weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages])
+        weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages], ctx.settings.profile)
         names = shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights)
         return {
             "actions": [(_do_shard, [names])],
@@ -605,6 +606,45 @@ def _do_plan() -> None:
         print(json.dumps(plan.to_json(made), indent=1, sort_keys=True), flush=True)
     else:
         print(plan.render_text(made), flush=True)
+
+
+@guarded
+def _do_hints() -> None:
+    from tasks.engine.forecast import recorded_units
+    from tasks.store import history
+    from tasks.verify.repro import select
+
+    ctx = context()
+    profile = ctx.settings.profile
+    written = []
+    for pkg in select(ctx.packages, ctx.settings.pkgs):
+        times, memory = recorded_units(ctx.cache.root, pkg.name)
+        if not times:
+            print(f"  {pkg.name}: no compile unit recorded in this cache", flush=True)
+            continue
+        try:
+            files = history.write_hints(ctx.lock.patches_dir / pkg.name, profile, times, memory)
+        except ValueError as exc:
+            raise ReproError(f"doit hints: {exc}; name the profile with letters, digits, '.', '_' and '-'") from None
+        except OSError as exc:
+            raise ReproError(f"doit hints: cannot write {pkg.name}'s hints ({exc})") from None
+        timed = sum(1 for found in memory.values() if "peak_for_s" in found)
+        where = ", ".join(str(f) for f in files)
+        print(f"  {pkg.name}: {len(times)} units, {len(memory)} with their memory ({timed} with their peak timed): "
+              f"{where}", flush=True)  # fmt: skip
+        written.append(pkg.name)
+    if not written:
+        raise ReproError(
+            f"doit hints: no package of profile {profile} has compile units recorded in the cache "
+            f"{ctx.cache.root}: build them first (doit wheels profile={profile})"
+        )
+    print(f"wrote the hints of {', '.join(written)} for profile {profile}: review them with the lock "
+          "(git diff), then commit them", flush=True)  # fmt: skip
+
+
+def task_hints() -> TaskDict:
+    """Write the lock's unit hints (patches/<pkg>/unit-*.json) from this cache's records (pkgs=a,b; default all)."""
+    return {"actions": [_do_hints], "uptodate": [False], **CONSOLE}
 
 
 def task_plan() -> TaskDict:

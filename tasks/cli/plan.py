@@ -289,7 +289,7 @@ def _shard(ctx: Context) -> tuple[Package, ...]:
     from tasks.engine.admission import shard_packages
     from tasks.store.history import package_weights
 
-    weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages])
+    weights = package_weights(ctx.lock.patches_dir, [p.name for p in ctx.packages], ctx.settings.profile)
     names = set(shard_packages([p.name for p in ctx.packages], ctx.settings.shard, weights))
     return tuple(p for p in ctx.packages if p.name in names)
 

@@ -8,7 +8,7 @@ lock       REPRO_LOCK          lock file (default ``sources.lock``)
 profile    REPRO_PROFILE       profile of the lock (default ``default``)
 mirror     REPRO_MIRROR        read-only source mirror consulted before the network
 cache      REPRO_CACHE         cache directory (default ``$XDG_CACHE_HOME/reprostack``)
-jobs       REPRO_JOBS          compiler job budget for the whole run (default: cores, lowered for memory)
+jobs       REPRO_JOBS          compiler job budget for the whole run (default: cores, lowered for memory; at most 65536)
 mem        REPRO_MEM_GB        memory budget in GB for compiler jobs (default: MemAvailable)
 memory     REPRO_MEMORY        how jobs are admitted against it: ``unit`` (default: each compile by its own
                                recorded or estimated peak) or ``job`` (a fixed ``mem_per_job_gb`` per job)
@@ -19,7 +19,8 @@ builddir   REPRO_BUILD_DIR     logs and staging trees (default ``build``)
 gpu        REPRO_GPU           ``auto`` or ``off``: GPU smoke tests in ``doit verify``
 isolated   REPRO_ISOLATED      ``on``: ``doit verify`` in a venv seeing only the base interpreter and the provided set
 update     REPRO_UPDATE        ``doit lock``: sources whose refs are re-resolved (``all`` or names)
-pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare (default: all)
+pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare; ``doit hints``: packages whose hints
+                               are written (default: all)
 base       REPRO_BASE          ``doit image``: a local base image by ID, instead of the lock's digest
 builder    REPRO_BUILDER       where wheels build: ``host``, ``lock`` ([builder]) or a local image ID
 export     REPRO_EXPORT        ``doit export``: output directory (default ``<builddir>/export``)
@@ -45,6 +46,7 @@ that a newcomer who forgets ``lock=`` keeps building the example, not the real s
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -85,6 +87,11 @@ VARIABLES = {
     "cluster": ("REPRO_CLUSTER", ""),
     "format": ("REPRO_FORMAT", "text"),
 }
+
+
+#: The most compiler jobs a run takes (``jobs=``; a Ray cluster's CPUs are capped at it too): the job server's
+#: fifo holds one byte per token, and a pipe holds 64 KiB (tasks/engine/jobserver.py).
+MAX_JOBS = 65536
 
 
 def _default_cache() -> Path:
@@ -185,9 +192,11 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
     jobs_raw = _get("jobs", doit_vars)
     jobs: int | None = None
     if jobs_raw:
-        if not jobs_raw.isdigit() or int(jobs_raw) < 1:
+        jobs = whole_number(jobs_raw)
+        if jobs is None or jobs < 1:
             raise ReproError(f"jobs={jobs_raw!r}: give a positive whole number of compiler jobs")
-        jobs = int(jobs_raw)
+        if jobs > MAX_JOBS:
+            raise ReproError(f"jobs={jobs_raw!r}: at most {MAX_JOBS} compiler jobs (one job token each)")
     mem_gb = _positive("mem", doit_vars, "give the memory budget in GB as a positive number, e.g. mem=96")
     memory = _get("memory", doit_vars)
     if memory not in ("unit", "job"):
@@ -314,9 +323,18 @@ def _positive(name: str, doit_vars: dict[str, str], give: str) -> float | None:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not 0 < value < math.inf:  # NaN and infinity too ("inf", "1e999")
         raise ReproError(f"{name}={raw!r}: {give}")
     return value
+
+
+def whole_number(raw: str) -> int | None:
+    """``raw`` as a whole number written in ASCII digits (at most 18 of them), else None.
+
+    ``str.isdigit`` is true of superscripts (``"²"``), which ``int`` refuses, and ``int`` accepts other
+    scripts' digits and refuses more than 4300 of them: neither may pass a check and then fail.
+    """
+    return int(raw) if re.fullmatch(r"[0-9]{1,18}", raw) else None
 
 
 def parse_shard(raw: str) -> tuple[int, int] | None:
@@ -325,8 +343,9 @@ def parse_shard(raw: str) -> tuple[int, int] | None:
     if not raw:
         return None
     i, sep, n = raw.partition("/")
-    if sep and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n):
-        return int(i), int(n)
+    first, count = whole_number(i), whole_number(n)
+    if sep and first is not None and count is not None and 1 <= first <= count:
+        return first, count
     raise ReproError(f"shard={raw!r}: give i/N with 1 <= i <= N, e.g. shard=2/4 (the second of four shards)")
 
 

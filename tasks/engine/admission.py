@@ -9,11 +9,12 @@ which waiting compile gets it. The rules, in the order they apply:
    more goes first of all), then first come;
 2. the held token: while the package of the highest priority builds and runs
    no compile, the last free token is kept for it (four slots or more);
-3. memory: a compile starts only when its expected peak (:class:`Expectations`) fits
-   in the budget beside what the running ones hold or are expected to reach
-   (:func:`reserved`), and in what the host really has left; a compile that
-   does not fit waits, and those behind it start only where they leave its
-   room free. Alone, any compile runs.
+3. memory: a compile starts only when what it is expected to hold (:class:`Expectations`), from now on,
+   fits in the budget beside what the running ones hold or are expected to hold (:func:`outlook`: where
+   the records say when a unit's peak comes and for how long, its peak only then, else its peak for all
+   of it or until its peak process has ended, :func:`reserved`), and in what the host really has left; a
+   compile that does not fit waits, and those behind it start only where they leave its room free from
+   when it is expected to fit. Alone, any compile runs.
 
 No sockets, processes or threads: tests/unit/test_admission.py calls these
 with plain values; the forecast (tasks/engine/forecast.py) calls :func:`choose` on a simulated clock.
@@ -21,34 +22,71 @@ with plain values; the forecast (tasks/engine/forecast.py) calls :func:`choose` 
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import functools
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from tasks.outside.gate import HIGH_SHARE as HIGH_SHARE  # (the gate times the peak by it: one figure)
 
 #: What a preprocessor-only run (ccache's, nvcc -E) is expected to hold without a record of its own.
 PREPROCESS_MB = 2048.0
+#: How far a unit's recorded timing is trusted: its peak is expected from its recorded start divided by this
+#: to its recorded end times this (a loaded host, a cold page cache, another host's records).
+STRETCH = 1.5
+
+#: What a unit is expected to hold from now on: ``(seconds from now, MB)`` steps, the first at 0, each held
+#: until the next; the last for as long as the unit runs.
+Steps = tuple[tuple[float, float], ...]
 
 
 @dataclass(frozen=True)
 class Expect:
     """What the broker expects a unit to hold (MB): its peak, the process the peak comes in (cicc), and what
-    it holds once that process has ended (None: unknown, so the peak is kept for all of the unit)."""
+    it holds after its peak (None: unknown, so the peak is kept for all of the unit).
+
+    Where the gate timed the unit's peak (``timed``): it held less than half its peak (``HIGH_SHARE``) until
+    ``peak_from_s`` seconds into the unit, at most ``before_mb``; at least half of it for ``peak_for_s``
+    seconds; and at most ``after_mb`` after that. Without timing, ``after_mb`` is what it holds once the
+    process its peak came in (``peak_in``) has ended."""
 
     peak_mb: float
     peak_in: str = ""
     after_mb: float | None = None
+    before_mb: float | None = None
+    peak_from_s: float | None = None
+    peak_for_s: float | None = None
+
+    @property
+    def timed(self) -> bool:
+        return self.before_mb is not None and self.peak_from_s is not None and self.peak_for_s is not None
+
+
+def _figure(value: object) -> float | None:
+    """A record's number: finite and not negative (a bool, a string, NaN or 1e999 is none)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
 
 
 def expectation(found: Mapping[str, object] | None, default_mb: float) -> Expect:
-    """An :class:`Expect` from a record or hint (``peak_mb``, ``peak_in``, ``after_mb``), else the default."""
+    """An :class:`Expect` from a record or hint (``peak_mb``, ``peak_in``, ``after_mb``; ``before_mb``,
+    ``peak_from_s``, ``peak_for_s`` where the peak was timed), else the default."""
     if not found:
         return Expect(default_mb)
-    peak = found.get("peak_mb")
-    after = found.get("after_mb")
+    peak = _figure(found.get("peak_mb"))
+    after = _figure(found.get("after_mb"))
+    peak_in = found.get("peak_in")
     return Expect(
-        peak_mb=float(peak) if isinstance(peak, int | float) and peak > 0 else default_mb,
-        peak_in=str(found.get("peak_in") or ""),
-        after_mb=float(after) if isinstance(after, int | float) and after > 0 else None,
+        peak_mb=peak if peak else default_mb,
+        peak_in=peak_in if isinstance(peak_in, str) else "",
+        after_mb=after if after else None,
+        before_mb=_figure(found.get("before_mb")),
+        peak_from_s=_figure(found.get("peak_from_s")),
+        peak_for_s=_figure(found.get("peak_for_s")),
     )
 
 
@@ -73,7 +111,13 @@ class Expectations:
             found = expectation(hint, self.default_mb)
             if found.peak_mb <= self.default_mb:
                 return found
-            return Expect(self.default_mb, found.peak_in, min(found.after_mb or self.default_mb, self.default_mb))
+            cap = self.default_mb
+            return replace(
+                found,
+                peak_mb=cap,
+                after_mb=min(found.after_mb or cap, cap),
+                before_mb=None if found.before_mb is None else min(found.before_mb, cap),
+            )
         if unit.endswith(".E"):  # a preprocessor run: seconds, hundreds of MB
             return Expect(min(self.default_mb, PREPROCESS_MB))
         return Expect(self.default_mb)
@@ -89,10 +133,102 @@ def priority(times: Mapping[str, float], slots: int) -> float:
 
 
 def reserved(expect: Expect, live_mb: float, past: bool) -> float:
-    """The memory counted for a running unit: what it holds (``live_mb``), or more, what it is expected to
-    reach: its peak, or once the process its peak comes in has ended (``past``), its recorded rest."""
+    """The memory counted for a running unit without timing: what it holds (``live_mb``), or more, what it is
+    expected to reach: its peak, or once the process its peak comes in has ended (``past``), its recorded
+    rest."""
     rest = expect.after_mb if past and expect.after_mb is not None else expect.peak_mb
     return max(live_mb, rest)
+
+
+def outlook(
+    expect: Expect,
+    *,
+    elapsed_s: float = 0.0,
+    live_mb: float = 0.0,
+    past: bool = False,
+    high_since_s: float | None = None,
+) -> Steps:
+    """What a unit ``elapsed_s`` seconds into its run is expected to hold from now on (:data:`Steps`).
+
+    Without timing on record, :func:`reserved` for as long as it runs. With it (:attr:`Expect.timed`): its
+    ``before_mb`` until its peak is due, its peak while it is, its ``after_mb`` (else its peak) after. The
+    peak is due from its recorded start divided by :data:`STRETCH` to its recorded end times it, or from
+    when the unit first held half its peak (``high_since_s``, or now where ``live_mb`` is that much) for
+    its recorded span times :data:`STRETCH`; a unit holding half its peak past all that is expected to hold
+    it for half its span more. What it holds now, if more, is what it is counted for now.
+    """
+    if not expect.timed:
+        return ((0.0, reserved(expect, live_mb, past)),)
+    assert expect.before_mb is not None and expect.peak_from_s is not None and expect.peak_for_s is not None
+    peak = expect.peak_mb
+    after = expect.after_mb if expect.after_mb is not None else peak
+    span = expect.peak_for_s
+    start = expect.peak_from_s / STRETCH
+    end = (expect.peak_from_s + span) * STRETCH
+    if live_mb >= HIGH_SHARE * peak:  # holding half its peak now: it is in its peak, whatever the clock says
+        high_since_s = elapsed_s if high_since_s is None else min(high_since_s, elapsed_s)
+        end = max(end, elapsed_s + span * (STRETCH - 1))
+    if high_since_s is not None:
+        start = min(start, high_since_s)
+        end = max(end, high_since_s + span * STRETCH)
+    if elapsed_s < start:
+        steps = [(0.0, expect.before_mb), (start - elapsed_s, peak), (end - elapsed_s, after)]
+    elif elapsed_s < end:
+        steps = [(0.0, peak), (end - elapsed_s, after)]
+    else:
+        steps = [(0.0, after)]
+    steps[0] = (0.0, max(live_mb, steps[0][1]))
+    return _tidy(steps)
+
+
+def _tidy(steps: Iterable[tuple[float, float]]) -> Steps:
+    """``steps`` without a step that repeats the one before it."""
+    out: list[tuple[float, float]] = []
+    for start, mb in steps:
+        if out and out[-1][0] == start:
+            out[-1] = (start, mb)
+            if len(out) > 1 and out[-2][1] == mb:
+                out.pop()
+        elif not out or out[-1][1] != mb:
+            out.append((start, mb))
+    return tuple(out)
+
+
+def total(outlooks: Iterable[Steps]) -> Steps:
+    """The sum of several units' :data:`Steps`."""
+    deltas: dict[float, float] = {0.0: 0.0}
+    for steps in outlooks:
+        before = 0.0
+        for start, mb in steps:
+            deltas[start] = deltas.get(start, 0.0) + mb - before
+            before = mb
+    held = 0.0
+    out = []
+    for start in sorted(deltas):
+        held += deltas[start]
+        out.append((start, held))
+    return _tidy(out)
+
+
+def most(*parts: Steps, since: float = 0.0) -> float:
+    """The most ``parts`` hold together at any time from ``since`` seconds from now on (one pass over their
+    steps, merged in time: the broker asks this of every waiting unit, each time it may admit one)."""
+    held = [0.0] * len(parts)
+    together = 0.0
+    found = 0.0
+    changes = list(heapq.merge(*([(start, i, mb) for start, mb in steps] for i, steps in enumerate(parts))))
+    for k, (start, i, mb) in enumerate(changes):
+        together += mb - held[i]
+        held[i] = mb
+        last_at_start = k + 1 == len(changes) or changes[k + 1][0] != start
+        if last_at_start and (start >= since or k + 1 == len(changes) or changes[k + 1][0] > since):
+            found = max(found, together)
+    return found
+
+
+def shifted(steps: Steps, by: float) -> Steps:
+    """``steps`` of a unit that starts ``by`` seconds from now (nothing held until then)."""
+    return _tidy([(0.0, 0.0), *((start + by, mb) for start, mb in steps)]) if by > 0 else steps
 
 
 @dataclass(frozen=True)
@@ -108,32 +244,90 @@ class Waiter:
 
 @dataclass(frozen=True)
 class Running:
-    """A compile running on a token: its package, what it holds now, and what is counted for it."""
+    """A compile running on a token: its package, what is counted for it now and what it holds now, and what
+    it is expected to hold from now on (its :func:`outlook`; empty: ``reserved_mb`` for as long as it runs)."""
 
     package: str
     reserved_mb: float
     live_mb: float = 0.0
+    ahead: Steps = ()
+
+    def steps(self) -> Steps:
+        return self.ahead or ((0.0, self.reserved_mb),)
+
+    def growth(self) -> Steps:
+        """What it may still take beyond what it holds now, from now on."""
+        return _tidy((start, max(0.0, mb - self.live_mb)) for start, mb in self.steps())
+
+
+def _most_with(base: tuple[list[float], list[float]], steps: Steps) -> float:
+    """:func:`most` of ``base`` (its steps' starts and MB, apart) and ``steps``, for a short ``steps`` beside
+    a long ``base``: for each of ``steps``' spans, the most ``base`` holds in it (a slice's ``max``)."""
+    starts, values = base
+    found = 0.0
+    for j, (start, mb) in enumerate(steps):
+        lo = max(0, bisect.bisect_right(starts, start) - 1)  # the step of base holding at start
+        hi = bisect.bisect_left(starts, steps[j + 1][0]) if j + 1 < len(steps) else len(starts)
+        found = max(found, mb + max(values[lo : max(hi, lo + 1)], default=0.0))
+    return found
+
+
+@dataclass(frozen=True)
+class Beside:
+    """The running units together, from now on: what they are expected to hold (``held``, with the room kept
+    for a unit that waits before the one asking), what they may still take beyond what they hold now
+    (``growth``), and how many they are."""
+
+    held: Steps
+    growth: Steps
+    count: int
+
+    @classmethod
+    def of(cls, running: Sequence[Running]) -> Beside:
+        return cls(total(r.steps() for r in running), total(r.growth() for r in running), len(running))
+
+    def keeping(self, kept: Steps) -> Beside:
+        """The same, with the room ``kept`` for a unit that waits (:func:`kept_for`) held too."""
+        return Beside(total([self.held, kept]), self.growth, self.count)
+
+    @functools.cached_property
+    def _held(self) -> tuple[list[float], list[float]]:
+        return [start for start, _ in self.held], [mb for _, mb in self.held]
+
+    @functools.cached_property
+    def _growth(self) -> tuple[list[float], list[float]]:
+        return [start for start, _ in self.growth], [mb for _, mb in self.growth]
 
 
 def fits(
-    peak_mb: float,
-    running: Sequence[Running],
+    steps: Steps,
+    beside: Beside,
     *,
-    room_mb: float,
     budget_mb: float | None,
     available_mb: float | None,
+    headroom_mb: float = 0.0,
 ) -> bool:
-    """Whether a unit expected to reach ``peak_mb`` fits in ``room_mb`` of the budget and in what the host
-    really has left (``available_mb``, MemAvailable, less what the running units are still expected to
-    grow by)."""
-    if budget_mb is None or not running:
+    """Whether a unit expected to hold ``steps`` from now on fits beside the running units, at every time
+    ahead: in the budget, beside what they hold and the room kept for a unit that waits before it
+    (:meth:`Beside.keeping`), and in what the host really has left (``available_mb``, MemAvailable, less
+    what the running units may still grow by, less ``headroom_mb``)."""
+    if budget_mb is None or not beside.count:
         return True  # no budget, or nothing else running: a unit larger than the budget runs alone
-    if peak_mb > room_mb:
+    if _most_with(beside._held, steps) > budget_mb:
         return False
     if available_mb is None:
         return True
-    growth = sum(max(0.0, r.reserved_mb - r.live_mb) for r in running)
-    return peak_mb <= available_mb - growth
+    return _most_with(beside._growth, steps) <= available_mb - headroom_mb
+
+
+def kept_for(head: Steps, beside: Beside, budget_mb: float) -> Steps:
+    """The room kept for ``head``, a unit that waits for memory: what it is expected to hold from the first
+    time ahead at which it would fit beside the running units (when one of them is expected past its peak),
+    else its peak from now on. Units behind it start only where they leave that room free."""
+    for start, _ in beside.held:
+        if start > 0 and most(beside.held, shifted(head, start), since=start) <= budget_mb:
+            return shifted(head, start)
+    return ((0.0, most(head)),)
 
 
 def choose(
@@ -144,9 +338,10 @@ def choose(
     budget_mb: float | None,
     available_mb: float | None,
     building: Mapping[str, float],
+    headroom_mb: float = 0.0,
 ) -> Waiter | None:
     """The waiter to admit next, if any: the first in line if it fits, else the first behind it that
-    leaves the first one's room free.
+    leaves the first one's room free from when that one is expected to fit (:func:`kept_for`).
 
     ``building`` maps each package whose build runs to its priority. While the package of the highest
     priority builds and runs no compile, the last free token is kept for it (on four slots or more): its
@@ -156,7 +351,7 @@ def choose(
     every other token.
 
     ``available_mb`` is the host's MemAvailable, where known (the broker reads it only with a budget and
-    something running).
+    something running), of which ``headroom_mb`` stays free.
     """
     top = max(building.values(), default=0.0)
     first = {p for p, prio in building.items() if prio == top} if top > 0 else set()
@@ -170,15 +365,18 @@ def choose(
     if not order:
         return None
     head = order[0]
-    room = (budget_mb or 0.0) - sum(r.reserved_mb for r in running)
-    if fits(head.expect.peak_mb, running, room_mb=room, budget_mb=budget_mb, available_mb=available_mb):
+    beside = Beside.of(running)
+    ahead = outlook(head.expect)
+    if fits(ahead, beside, budget_mb=budget_mb, available_mb=available_mb, headroom_mb=headroom_mb):
         return head
-    room -= head.expect.peak_mb
+    if budget_mb is None:
+        return None
+    behind = beside.keeping(kept_for(ahead, beside, budget_mb))
     return next(
         (
             w
             for w in order[1:]
-            if fits(w.expect.peak_mb, running, room_mb=room, budget_mb=budget_mb, available_mb=available_mb)
+            if fits(outlook(w.expect), behind, budget_mb=budget_mb, available_mb=available_mb, headroom_mb=headroom_mb)
         ),
         None,
     )

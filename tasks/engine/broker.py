@@ -30,6 +30,16 @@ if TYPE_CHECKING:
     from tasks.engine.cluster import Cluster
 
 
+#: Of the host's MemAvailable, this share of the memory budget stays free of admissions: where the units' time
+#: or the host's other work is not as recorded, the kernel still has room before any unit is killed.
+HEADROOM_SHARE = 0.05
+#: While compiles wait with a memory budget, the broker asks again this often (seconds), without an event:
+#: a running unit's peak may have passed by the clock, or the host's memory come free.
+RECHECK_S = 1.0
+#: A report of what a running unit holds lets the broker ask again at most this often (seconds).
+REPORTED_S = 0.25
+
+
 @dataclass
 class _Unit:
     """A compile connected to the broker: waiting, or running on a token and on room in the budget."""
@@ -41,6 +51,8 @@ class _Unit:
     live_mb: float = 0.0
     past: bool = False
     since: float = 0.0
+    #: Seconds into the unit when it first held half its expected peak (None: not yet).
+    high_since: float | None = None
     buf: bytes = b""
     #: On a cluster: the node it runs on (tasks/engine/cluster.py ``Node``) and its task there, once sent.
     node: Any = None
@@ -48,9 +60,16 @@ class _Unit:
     #: Its gate said it must run here (a link, a preprocessor run): never sent to a cluster.
     here: bool = False
 
-    def reserved(self) -> float:
-        """The memory counted for this running unit: what it holds, or more, what it is expected to reach."""
-        return admission.reserved(self.expect, self.live_mb, self.past)
+    def outlook(self, now: float) -> admission.Steps:
+        """What this running unit is expected to hold from ``now`` (seconds since the epoch) on."""
+        return admission.outlook(
+            self.expect, elapsed_s=max(0.0, now - self.since), live_mb=self.live_mb, past=self.past,
+            high_since_s=self.high_since,
+        )  # fmt: skip
+
+    def reserved(self, now: float | None = None) -> float:
+        """The memory counted for this running unit now: what it holds, or more, what it is expected to hold."""
+        return self.outlook(time.time() if now is None else now)[0][1]
 
 
 class Broker:
@@ -82,6 +101,8 @@ class Broker:
         self._fifo = fifo_fd
         self.cluster = cluster
         self.budget_mb = budget_mb
+        #: Of the host's MemAvailable, what no admission takes (:data:`HEADROOM_SHARE` of the budget).
+        self.headroom_mb = HEADROOM_SHARE * budget_mb if budget_mb is not None else 0.0
         self.slots = slots
         self._building: dict[str, float] = {}  # package -> priority, while its build runs
         self._dir = tempfile.mkdtemp(prefix="reprostack-jobs-")  # short: unix socket paths are limited
@@ -113,6 +134,8 @@ class Broker:
         self._seq = 0
         self._stop = False
         self._need_token = False
+        self._changed = False  # since the last pass: something that may let a waiter in at once
+        self._granted = 0.0  # when the broker last asked which waiter goes (time.monotonic())
         self._served = threading.Condition()  # notified after each pass of the broker's loop (settle())
         self._thread = threading.Thread(target=self._serve, name="job-broker", daemon=True)
         self._thread.start()
@@ -163,8 +186,12 @@ class Broker:
                 else:
                     sel.unregister(self._tokens)
                 fifo_registered = self._need_token
-            for key, _ in sel.select():
+            recheck = RECHECK_S if self._waiting and self.budget_mb is not None else None
+            events = sel.select(recheck)
+            for key, _ in events:
                 what = key.data
+                if what != "conn":
+                    self._changed = True
                 if what == "accept":
                     try:
                         conn, _addr = self._listen.accept()
@@ -184,6 +211,13 @@ class Broker:
                         self._received(conn, data)
                 elif what == "wake":
                     os.read(self._wake_r, 64)
+            # A waiter came, a token or room came back, a build began or ended: ask at once. Reports of what
+            # the running units hold, and the clock alone, move what they are expected to hold: ask again
+            # at most every REPORTED_S (the choice costs milliseconds; 64 gates report every second).
+            now = time.monotonic()
+            if self._changed or not events or now - self._granted >= REPORTED_S:
+                self._changed = False
+                self._granted = now
                 self._grant()
             with self._served:
                 self._served.notify_all()
@@ -254,14 +288,18 @@ class Broker:
         self._count(unit, waiting=+1)
         self._seq += 1
         heapq.heappush(self._waiting, (-prio, self._seq, conn))
+        self._changed = True
         self._note("wait", unit)
 
     def _report(self, conn: socket.socket, unit: _Unit, words: list[str]) -> None:
         """A running compile's reports: ``m LIVE_MB PAST``, ``k PEAK_MB`` (killed for memory) and
-        ``d PEAK_MB PEAK_IN AFTER_MB SECONDS EXIT`` (done)."""
+        ``d PEAK_MB PEAK_IN AFTER_MB SECONDS EXIT [BEFORE_MB PEAK_FROM_S PEAK_FOR_S]`` (done; ``-`` where its
+        peak was not timed)."""
         try:
             if words[0] == "m":
                 unit.live_mb = float(words[1])
+                if unit.high_since is None and unit.live_mb >= admission.HIGH_SHARE * unit.expect.peak_mb:
+                    unit.high_since = max(0.0, time.time() - unit.since)
                 if words[2] == "1" and not unit.past:
                     unit.past = True
                     self._note("past", unit)  # the process its peak comes in has ended: its rest counts
@@ -278,6 +316,10 @@ class Broker:
                     found["after_mb"] = float(words[3])
                 if words[5] != "0":
                     found["exit"] = int(words[5])
+                if len(words) > 8 and words[8] != "-":
+                    found["before_mb"] = float(words[6])
+                    found["peak_from_s"] = float(words[7])
+                    found["peak_for_s"] = float(words[8])
                 if unit.node is not None:  # where and when it ran (the trace's node tracks)
                     found["node"] = unit.node.name
                     found["since"] = unit.since
@@ -297,6 +339,7 @@ class Broker:
 
     def _closed(self, conn: socket.socket) -> None:
         """A closed connection: a running unit's token goes back and its room is free; a waiter is dropped."""
+        self._changed = True
         unit = self._units.pop(conn)
         if conn in self._held:
             self._held.discard(conn)
@@ -358,23 +401,30 @@ class Broker:
                 return
 
     def _reserved(self) -> float:
-        return sum(self._units[c].reserved() for c in self._held)
+        now = time.time()
+        return sum(self._units[c].reserved(now) for c in self._held)
 
     def _candidate(self) -> tuple[float, int, socket.socket] | None:
         """The waiter to admit next, if any: the one :func:`tasks.engine.admission.choose` picks."""
         with self._lock:
             building = dict(self._building)
         held = [self._units[c] for c in self._held]
+        now = time.time()
+        running = []
+        for u in held:
+            ahead = u.outlook(now)
+            running.append(admission.Running(u.package, ahead[0][1], u.live_mb, ahead))
         chosen = admission.choose(
             [
                 admission.Waiter(self._units[conn].package, -neg, seq, self._units[conn].expect)
                 for neg, seq, conn in self._waiting
             ],
-            [admission.Running(u.package, u.reserved(), u.live_mb) for u in held],
+            running,
             slots=self.slots,
             budget_mb=self.budget_mb,
             available_mb=available_memory_mb() if self.budget_mb is not None and held else None,
             building=building,
+            headroom_mb=self.headroom_mb,
         )
         return None if chosen is None else next(w for w in self._waiting if w[1] == chosen.seq)
 
@@ -423,6 +473,8 @@ class Broker:
             f"live={unit.live_mb:.0f}MB running={len(self._held)} reserved={self._reserved():.0f}MB "
             f"waiting={len(self._waiting)}"
         )
+        if event in ("wait", "start") and unit.expect.timed:  # when its peak is expected: seconds in, and for
+            line += f" peak_at={unit.expect.peak_from_s:.0f}s+{unit.expect.peak_for_s:.0f}s"
         if unit.node is not None:
             line += f" node={unit.node.name}"
         if event == "end":

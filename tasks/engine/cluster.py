@@ -56,6 +56,45 @@ def _endpoint(value: str) -> tuple[str, int] | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
+#: HTTP/2's client connection preface and an empty SETTINGS frame. A Ray GCS and Ray Client's server are gRPC
+#: servers: each answers with a SETTINGS frame of its own (RFC 9113, 3.4).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def not_grpc(end: tuple[str, int], timeout: float) -> str | None:
+    """What is wrong with the head at ``end`` (host, port), in a few words, or None where a gRPC server answers
+    there, as a Ray GCS or Ray Client's server does; within ``timeout`` seconds to connect and as many to answer.
+
+    ``ray.init`` at an address where something else answers (the dashboard's HTTP port 8265 given for the
+    GCS's 6379) retries for about 14 minutes, logging an address of its own, before it gives up."""
+    try:
+        conn = socket.create_connection(end, timeout=timeout)
+    except OSError as exc:
+        return f"the head does not answer ({exc})"
+    answer = b""
+    try:
+        with conn:
+            conn.sendall(_H2_PREFACE)
+            deadline = time.monotonic() + timeout
+            while len(answer) < 9:
+                conn.settimeout(max(0.001, deadline - time.monotonic()))
+                chunk = conn.recv(9 - len(answer))
+                if not chunk:
+                    break
+                answer += chunk
+    except OSError:  # (a timeout, a reset)
+        pass
+    if len(answer) == 9 and answer[3] == 4 and answer[5:9] == bytes(4):  # a SETTINGS frame on stream 0
+        return None
+    if answer.lower().startswith((b"http/", b"<!doctype", b"<html")):
+        said = "an HTTP server answers there, not a Ray GCS (the dashboard's port, 8265, for the GCS's 6379?)"
+    elif answer:
+        said = "what answers there is not a Ray GCS (it does not speak gRPC)"
+    else:
+        said = f"what answers there is not a Ray GCS (no gRPC answer within {timeout:g} s)"
+    return said
+
+
 def nvcc_threads(argv: list[str]) -> int:
     """The CPU threads a compile uses: nvcc's ``--threads N`` (``-t N``), else one."""
     if not argv or "nvcc" not in os.path.basename(argv[0]):
@@ -324,10 +363,9 @@ def connect(value: str, env: dict[str, str], here: Mapping[str, Any], *, timeout
         return None
     end = _endpoint(value)
     if end is not None:
-        try:
-            socket.create_connection(end, timeout=timeout).close()
-        except OSError as exc:
-            warn(f"cluster={value}: the head does not answer ({exc}); building here")
+        problem = not_grpc(end, timeout)
+        if problem is not None:
+            warn(f"cluster={value}: {problem}; building here")
             return None
     try:
         ray.init(address=value, namespace="reprostack", log_to_driver=False, logging_level=logging.ERROR)

@@ -29,11 +29,29 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class UnitWork:
-    """One compile: its seconds and the memory the broker expects it to hold (MB)."""
+    """One compile: its seconds and the memory the broker expects it to hold (MB: its peak, or, with
+    ``expect``, when and how long, tasks/engine/admission.py's :class:`~tasks.engine.admission.Expect`)."""
 
     name: str
     seconds: float
     peak_mb: float = 0.0
+    expect: admission.Expect | None = None
+
+    def expected(self) -> admission.Expect:
+        return self.expect if self.expect is not None else admission.Expect(self.peak_mb)
+
+
+def holds(expect: admission.Expect, elapsed_s: float) -> float:
+    """What a unit is taken to hold ``elapsed_s`` seconds into its run, in the forecast: its recorded
+    ``before_mb``, peak and ``after_mb`` at their recorded times where timed, else its peak."""
+    if not expect.timed:
+        return expect.peak_mb
+    assert expect.peak_from_s is not None and expect.peak_for_s is not None
+    if elapsed_s < expect.peak_from_s:
+        return expect.before_mb or 0.0
+    if elapsed_s < expect.peak_from_s + expect.peak_for_s:
+        return expect.peak_mb
+    return expect.after_mb if expect.after_mb is not None else expect.peak_mb
 
 
 @dataclass(frozen=True)
@@ -77,8 +95,9 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
     part, then offers its units longest first, at most ``slots`` at a time (ninja's ``-j``). Each time a
     slot is free, :func:`tasks.engine.admission.choose` picks the waiting unit that starts, with the
     packages that build and their priorities, the running units' expected memory and the budget, as it
-    does for the broker. The host's free memory is not simulated (the running units are taken to hold
-    what is expected of them).
+    does for the broker. The host's free memory is not simulated: the running units are taken to hold
+    what is expected of them (:func:`holds`, at its recorded times where the unit's peak was timed), and
+    while units wait, the clock also stops where a running unit's expectation changes.
     """
     slots = max(1, slots)
     pending_start = list(range(len(work)))  # packages not started, doit's order
@@ -87,7 +106,7 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
     queue: dict[int, list[UnitWork]] = {}  # package -> its units not yet offered, longest first
     offered: dict[int, int] = {}  # package -> units offered (waiting or running)
     waiting: dict[int, tuple[int, UnitWork, admission.Waiter]] = {}  # seq -> (package, unit, as the policy sees it)
-    running: list[tuple[float, int, int, admission.Running]] = []  # heap of (end, seq, package, as the policy sees it)
+    running: list[tuple[float, int, int, float, admission.Expect]] = []  # heap of (end, seq, package, start, expect)
     events: list[tuple[float, int, int]] = []  # heap of (time, seq, package): serial part done
     start_at: dict[int, float] = {}
     pending_events: dict[int, int] = {}
@@ -115,7 +134,7 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
         while queue.get(i) and offered[i] < slots:
             unit = queue[i].pop(0)
             seq += 1
-            waiter = admission.Waiter(names[i], work[i].priority, seq, admission.Expect(unit.peak_mb))
+            waiter = admission.Waiter(names[i], work[i].priority, seq, unit.expected())
             waiting[seq] = (i, unit, waiter)
             offered[i] += 1
 
@@ -137,24 +156,41 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
         offer(i)
         finish_if_done(i)
 
-    def grant() -> None:
+    def as_running() -> list[admission.Running]:
+        """The running units as the policy sees them now."""
+        found = []
+        for _, _, i, start, expect in running:
+            elapsed = now - start
+            live = holds(expect, elapsed)
+            high = expect.peak_from_s if expect.timed and live >= admission.HIGH_SHARE * expect.peak_mb else None
+            ahead = admission.outlook(expect, elapsed_s=elapsed, live_mb=live, high_since_s=high)
+            found.append(admission.Running(names[i], ahead[0][1], live, ahead))
+        return found
+
+    def grant() -> float | None:
+        """Start what the policy admits now; when, while units still wait, a running unit's expectation
+        changes next (None: not before a unit ends)."""
         nonlocal seq, peak
         while waiting and len(running) < slots:
             chosen = admission.choose(
                 [w for _, _, w in waiting.values()],
-                [r for _, _, _, r in running],
+                as_running(),
                 slots=slots,
                 budget_mb=budget_mb,
                 available_mb=None,
                 building={names[i]: work[i].priority for i in started if i not in finished},
             )
             if chosen is None:
-                return
+                break
             i, unit, _ = waiting.pop(chosen.seq)
             seq += 1
-            held = admission.Running(names[i], reserved_mb=unit.peak_mb, live_mb=unit.peak_mb)
-            heapq.heappush(running, (now + max(0.0, unit.seconds), seq, i, held))
-            peak = max(peak, sum(r.reserved_mb for _, _, _, r in running))
+            heapq.heappush(running, (now + max(0.0, unit.seconds), seq, i, now, unit.expected()))
+            peak = max(peak, sum(r.reserved_mb for r in as_running()))
+        if not waiting:
+            return None
+        changes = [start + t for _, _, _, start, expect in running for t in _changes(expect)]
+        changes += [now + start for r in as_running() for start, _ in r.steps() if start > 0]
+        return min((t for t in changes if t > now), default=None)
 
     start_packages()
     while True:
@@ -162,15 +198,17 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
         while events and events[0][0] <= now:
             event(heapq.heappop(events)[2])
         while running and running[0][0] <= now:
-            _, _, i, _ = heapq.heappop(running)
+            _, _, i, _, _ = heapq.heappop(running)
             offered[i] -= 1
             offer(i)
             finish_if_done(i)
         start_packages()
         while events and events[0][0] <= now:  # a package with nothing serial and no units
             event(heapq.heappop(events)[2])
-        grant()
-        upcoming = [t for t in (events[0][0] if events else None, running[0][0] if running else None) if t is not None]
+        wake = grant()
+        upcoming = [
+            t for t in (events[0][0] if events else None, running[0][0] if running else None, wake) if t is not None
+        ]
         if not upcoming:
             break
         now = min(upcoming)
@@ -181,6 +219,14 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
         for i in range(len(work))
     }
     return Forecast(wall_s=max((p.end_s for p in packages.values()), default=0.0), peak_mb=peak, packages=packages)
+
+
+def _changes(expect: admission.Expect) -> tuple[float, ...]:
+    """The seconds into a unit at which :func:`holds` changes."""
+    if not expect.timed:
+        return ()
+    assert expect.peak_from_s is not None and expect.peak_for_s is not None
+    return (expect.peak_from_s, expect.peak_from_s + expect.peak_for_s)
 
 
 def hint_range(seconds: Iterable[float], slots: int) -> tuple[float, float]:
@@ -239,35 +285,55 @@ def split_units(
     return compiles, tail
 
 
-def package_work(
-    cache_root: Path, patches_dir: Path, pkg: Package, *, slots: int
-) -> tuple[PackageWork, str, tuple[float, float] | None]:
-    """``pkg``'s work for the forecast, where its figures come from (``cache``, ``hints`` or ``none``) and,
-    without a record of this cache, the range its lock's hints give (else None)."""
-    default_mb = pkg.mem_per_job_gb * 1024
-    memory = history.load_memory(history.memory_path(cache_root, pkg.name))
-    recorded = history.load_times(history.times_path(cache_root, pkg.name))
-    for unit, found in memory.items():  # the gate's own seconds: compiling, not waiting in the gate
+def _recorded(cache_root: Path, package: str) -> tuple[dict[str, float], dict[str, dict[str, object]]]:
+    """``package``'s recorded unit seconds (the gate's own where it measured them: compiling, not waiting in
+    the gate) and memory."""
+    memory = history.load_memory(history.memory_path(cache_root, package))
+    recorded = history.load_times(history.times_path(cache_root, package))
+    for unit, found in memory.items():
         seconds = found.get("seconds")
         if isinstance(seconds, int | float) and "exit" not in found:
             recorded[unit] = float(seconds)
-    hints = history.load_times(patches_dir / pkg.name / history.TIMES_HINTS_FILE)
+    return recorded, memory
+
+
+def _ninja_units(record: Mapping[str, Any]) -> list[str]:
+    ninja = record.get("ninja_units")
+    return [str(u) for u in ninja] if isinstance(ninja, list) else []
+
+
+def recorded_units(cache_root: Path, package: str) -> tuple[dict[str, float], dict[str, dict[str, object]]]:
+    """What ``doit hints`` writes into the lock for ``package`` from this cache's records: the compile units
+    of its last build as the forecast runs them (:func:`split_units`) with their seconds, and the memory
+    record of each (its peak, and when it came where the gate timed it)."""
+    recorded, memory = _recorded(cache_root, package)
+    times, _tail = split_units(recorded, memory, _ninja_units(history.read_build(cache_root, package)))
+    return times, {u: memory[u] for u in times if u in memory}
+
+
+def package_work(
+    cache_root: Path, patches_dir: Path, pkg: Package, *, slots: int, profile: str = "default"
+) -> tuple[PackageWork, str, tuple[float, float] | None]:
+    """``pkg``'s work for the forecast, where its figures come from (``cache``, ``hints`` or ``none``) and,
+    without a record of this cache, the range its lock's hints give (else None). The hints are the
+    ``profile``'s (tasks/store/history.py ``hints_path``)."""
+    default_mb = pkg.mem_per_job_gb * 1024
+    recorded, memory = _recorded(cache_root, pkg.name)
+    times_hints = history.hints_path(patches_dir / pkg.name, history.TIMES_HINTS_FILE, profile)
+    hints = history.load_times(times_hints)
     record = history.read_build(cache_root, pkg.name)
     times, origin = (recorded, "cache") if recorded or record else (hints, "hints" if hints else "none")
     expect = admission.Expectations(
         records=memory,
-        hints=history.load_memory(patches_dir / pkg.name / history.MEMORY_HINTS_FILE),
+        hints=history.load_memory(history.hints_path(patches_dir / pkg.name, history.MEMORY_HINTS_FILE, profile)),
         default_mb=default_mb,
     )
     tail = 0.0
     if origin == "cache":
-        ninja = record.get("ninja_units")
-        times, tail = split_units(times, memory, [str(u) for u in ninja] if isinstance(ninja, list) else [])
-    units = tuple(UnitWork(u, s, expect.expect(u).peak_mb) for u, s in sorted(times.items()))
+        times, tail = split_units(times, memory, _ninja_units(record))
+    units = tuple(UnitWork(u, s, expect.expect(u).peak_mb, expect.expect(u)) for u, s in sorted(times.items()))
     serial = serial_seconds(record, units, slots) if record else 0.0
-    prio = admission.priority(
-        history.known_times(cache_root, patches_dir / pkg.name / history.TIMES_HINTS_FILE, pkg.name), slots
-    )
+    prio = admission.priority(history.known_times(cache_root, times_hints, pkg.name), slots)
     span = hint_range(hints.values(), slots) if origin != "cache" and hints else None
     return PackageWork(pkg.name, units, serial, prio, tail), origin, span
 
@@ -305,7 +371,7 @@ def forecast_run(
     slots, budget_mb = budget or run_budget(settings, building)
     work, where = [], {}
     for pkg in building:
-        w, origin, span = package_work(cache_root, patches_dir, pkg, slots=slots)
+        w, origin, span = package_work(cache_root, patches_dir, pkg, slots=slots, profile=settings.profile)
         work.append(w)
         where[pkg.name] = (origin, span)
     return simulate(work, slots=slots, budget_mb=budget_mb), where

@@ -35,6 +35,7 @@ one budget, coarsely.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import hashlib
 import json
 import os
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.core import proc
+from tasks.core.console import warn
 from tasks.engine import admission
 from tasks.engine.broker import Broker
 from tasks.env import compilers
@@ -173,7 +175,7 @@ class JobServer:
         # Read-write, so that the fifo never reports end-of-file to readers
         # and writes never block while this process lives.
         self._fd = os.open(self.fifo, os.O_RDWR)
-        os.write(self._fd, b"+" * slots)
+        self.slots = slots = _fill(self._fd, slots)
         self._gather = threading.Lock()
         real, version = ninja if ninja is not None else find_ninja(search_path)
         self.ninja = real
@@ -285,7 +287,15 @@ class JobServer:
 
     @contextmanager
     def build_session(
-        self, package: str, *, out: Path, cache_root: Path, patches: Path, default_mb: float, log: Path
+        self,
+        package: str,
+        *,
+        out: Path,
+        cache_root: Path,
+        patches: Path,
+        default_mb: float,
+        log: Path,
+        profile: str = "default",
     ) -> Iterator[Session]:
         """Open ``package``'s build with the run's broker for the block, and close it however the block ends.
 
@@ -294,14 +304,17 @@ class JobServer:
         (:func:`tasks.engine.admission.priority` of its known unit times, which go to ``out/unit-times.json``
         for the ninja shim). The broker expects the package's units to hold what this cache
         (``cache_root``) recorded, else what the hints in ``patches`` (the package's folder of the lock's
-        patches) say, else ``default_mb``. When the block ends, a failed or interrupted build's too, the
-        broker waits for the build's gates to end (:meth:`Broker.settle`: their tokens back, their reports
-        read), and what the units held and their seconds go to the cache for the next build and to ``log``.
+        patches; the ``profile``'s own where it has them) say, else ``default_mb``. When the block ends, a
+        failed or interrupted build's too, the broker waits for the build's gates to end
+        (:meth:`Broker.settle`: their tokens back, their reports read), and what the units held and their
+        seconds go to the cache for the next build and to ``log``.
         """
         session = Session(env={}, wait_log=out / "waits.log")
         prio = 0.0
         if self.clients:
-            times = history.known_times(cache_root, patches / history.TIMES_HINTS_FILE, package)
+            times = history.known_times(
+                cache_root, history.hints_path(patches, history.TIMES_HINTS_FILE, profile), package
+            )
             if times:
                 times_file = out / "unit-times.json"
                 times_file.write_text(json.dumps(times))
@@ -318,7 +331,7 @@ class JobServer:
             package,
             prio,
             records=history.load_memory(history.memory_path(cache_root, package)),
-            hints=history.load_memory(patches / history.MEMORY_HINTS_FILE),
+            hints=history.load_memory(history.hints_path(patches, history.MEMORY_HINTS_FILE, profile)),
             default_mb=default_mb,
         )
         try:
@@ -375,6 +388,35 @@ class JobServer:
             pass
         self.fifo.unlink(missing_ok=True)
         shutil.rmtree(self.bin, ignore_errors=True)
+
+
+def _fill(fd: int, slots: int) -> int:
+    """Write ``slots`` tokens into the fifo ``fd``, never blocking: the tokens it holds (fewer than ``slots``,
+    with a warning, where the pipe cannot hold them all).
+
+    A pipe holds 64 KiB unless grown (``F_SETPIPE_SZ``, up to ``/proc/sys/fs/pipe-max-size``; a user past
+    ``pipe-user-pages-soft`` gets 4 KiB), and every token comes back into it: a budget larger than it holds
+    would block the run's first write for ever, with no output (``jobs=`` above 65 536, or a Ray cluster
+    of more CPUs)."""
+    try:
+        size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        if size < slots:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, slots)
+    except OSError:  # more than this user may have: the pipe keeps its size
+        pass
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    written = 0
+    try:
+        while written < slots:
+            written += os.write(fd, b"+" * min(slots - written, 65536))
+    except BlockingIOError:
+        pass
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    if written < slots:
+        warn(f"job budget: the job server's fifo holds {written} tokens, not {slots}: the run takes {written} jobs")
+    return written
 
 
 def _fmt(version: tuple[int, ...] | None) -> str:

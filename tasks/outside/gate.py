@@ -18,8 +18,11 @@ compilers first on ``PATH``). For one compile it:
    counter rose while it ran), runs it once more, first in the queue, with
    room for twice what it reached, rather than failing the build;
 4. reports the unit's peak, the process it came in, what it held after that
-   process ended and its seconds, which the build records next to the unit
-   times (``timings/<package>.memory.json`` in the cache).
+   process ended and its seconds, and when its peak came: from how many
+   seconds into the unit, and for how long, it held at least half its peak
+   (:data:`HIGH_SHARE`), and the most it held before and after that; the build
+   records them next to the unit times (``timings/<package>.memory.json`` in
+   the cache), and the broker admits the unit by them at the next build.
 
 On a build with a Ray cluster (``cluster=``, tasks/engine/cluster.py) the broker may
 answer ``@`` instead of ``+``: the compile then runs on a node of the cluster.
@@ -64,6 +67,12 @@ FIRST_INTERVAL = 0.05
 MAX_INTERVAL = 1.0
 #: A change smaller than this (MB) is not reported to the broker.
 REPORT_STEP_MB = 64
+#: A unit's peak span: the time it holds at least this share of its peak (tasks/engine/admission.py charges
+#: its peak only then, and what it holds before and after it otherwise).
+HIGH_SHARE = 0.5
+#: A peak that no sample saw (the kernel's figure larger than the largest sample by this factor: a spike
+#: between two samples) leaves the unit untimed.
+MISSED_PEAK = 1.25
 
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
 
@@ -155,21 +164,52 @@ def sample(pid: int) -> tuple[float, dict[str, float]]:
 
 
 class Unit:
-    """What one run of the compiler held: its peak, the process the peak came in, and what it held after."""
+    """What one run of the compiler held: its peak, the process the peak came in, and what it held after; and,
+    once :meth:`timed`, when its peak came (``peak_from_s``, ``peak_for_s``) and what it held before."""
 
     def __init__(self) -> None:
         self.peak_mb = 0.0
         self.peak_in = ""
         self.after_mb = 0.0
+        self.before_mb: float | None = None
+        self.peak_from_s: float | None = None
+        self.peak_for_s: float | None = None
+        self._samples: list[tuple[float, float]] = []  # (seconds into the unit, total MB)
 
-    def add(self, total: float, by_name: dict[str, float]) -> None:
-        """Take one sample of the process tree: its total and its largest process of each name (MB)."""
+    def add(self, total: float, by_name: dict[str, float], at: float = 0.0) -> None:
+        """Take one sample of the process tree, ``at`` seconds into the unit: its total and its largest
+        process of each name (MB)."""
+        self._samples.append((at, total))
         if total > self.peak_mb:
             self.peak_mb = total
             self.peak_in = max(by_name, key=by_name.__getitem__) if by_name else ""
             self.after_mb = 0.0
         elif self.peak_in not in by_name:
             self.after_mb = max(self.after_mb, total)
+
+    def timed(self, seconds: float) -> None:
+        """Time the peak of a unit that ran ``seconds``, from its samples: the span from the sample before the
+        first one at :data:`HIGH_SHARE` of its peak or more to the sample after the last one (so it covers
+        the span between samples too), and the most it held before and after that span. ``after_mb`` is
+        then what it held after the span. A peak no sample saw leaves it untimed."""
+        samples = self._samples
+        top = max((total for _, total in samples), default=0.0)
+        if top <= 0 or self.peak_mb > top * MISSED_PEAK:
+            return
+        high = [k for k, (_, total) in enumerate(samples) if total >= HIGH_SHARE * top]
+        first, last = high[0], high[-1]
+        start = samples[first - 1][0] if first > 0 else 0.0
+        end = samples[last + 1][0] if last + 1 < len(samples) else max(seconds, samples[last][0])
+        self.before_mb = max((total for _, total in samples[:first]), default=0.0)
+        self.after_mb = max((total for _, total in samples[last + 1 :]), default=0.0)
+        self.peak_from_s = start
+        self.peak_for_s = end - start
+
+    def report(self) -> str:
+        """``BEFORE FROM FOR`` of the ``d`` line the broker reads (``- - -`` untimed)."""
+        if self.before_mb is None or self.peak_from_s is None or self.peak_for_s is None:
+            return "- - -"
+        return f"{self.before_mb:.0f} {self.peak_from_s:.1f} {self.peak_for_s:.1f}"
 
 
 def _connect(sock_path: str, hello: str) -> tuple[socket.socket, str, bool]:
@@ -253,6 +293,7 @@ def watch(pid: int, expect_peak_in: str, report: Callable[[float, bool], None] |
     unit = Unit()
     seen = past = False
     interval = FIRST_INTERVAL
+    start = time.monotonic()
     try:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # Python without it, or an old kernel: sleep instead
@@ -267,7 +308,7 @@ def watch(pid: int, expect_peak_in: str, report: Callable[[float, bool], None] |
             unit.peak_mb = max(unit.peak_mb, usage.ru_maxrss / 1024)
             break
         total, by_name = sample(pid)
-        unit.add(total, by_name)
+        unit.add(total, by_name, time.monotonic() - start)
         if expect_peak_in and not past:  # the process the broker expects the unit's peak in has run and ended
             seen = seen or expect_peak_in in by_name
             past = seen and expect_peak_in not in by_name
@@ -276,6 +317,7 @@ def watch(pid: int, expect_peak_in: str, report: Callable[[float, bool], None] |
         interval = min(MAX_INTERVAL, interval * 2)
     if pidfd >= 0:
         os.close(pidfd)
+    unit.timed(time.monotonic() - start)
     return os.waitstatus_to_exitcode(status), unit
 
 
@@ -308,6 +350,10 @@ def run_remote(conn: socket.socket, args: list[str], expect_peak_in: str) -> tup
     unit.peak_mb = float(result.get("peak_mb", 0.0))
     unit.peak_in = str(result.get("peak_in", ""))
     unit.after_mb = float(result.get("after_mb", 0.0))
+    if result.get("peak_for_s") is not None:
+        unit.before_mb = float(result.get("before_mb", 0.0))
+        unit.peak_from_s = float(result.get("peak_from_s", 0.0))
+        unit.peak_for_s = float(result["peak_for_s"])
     return int(result["code"]), unit, bool(result.get("killed")), float(result.get("seconds", 0.0))
 
 
@@ -357,6 +403,9 @@ def run_captured(job: dict[str, object]) -> dict[str, object]:
         "peak_mb": unit.peak_mb,
         "peak_in": unit.peak_in,
         "after_mb": unit.after_mb,
+        "before_mb": unit.before_mb,
+        "peak_from_s": unit.peak_from_s,
+        "peak_for_s": unit.peak_for_s,
         "killed": killed,
         "seconds": time.monotonic() - start,
         "out_bytes": stdout,
@@ -396,5 +445,5 @@ def main(sock_path: str, args: list[str]) -> int:
         code, mem, killed, more = (run_remote if remote else run_once)(conn, args, expect)
         mem.peak_mb = max(mem.peak_mb, first.peak_mb)
         seconds += more
-    _tell(conn, f"d {mem.peak_mb:.0f} {mem.peak_in or '-'} {mem.after_mb:.0f} {seconds:.1f} {code}")
+    _tell(conn, f"d {mem.peak_mb:.0f} {mem.peak_in or '-'} {mem.after_mb:.0f} {seconds:.1f} {code} {mem.report()}")
     return code

@@ -172,6 +172,7 @@ def compile_wheel(
             patches=ctx.lock.patches_dir / pkg.name,
             default_mb=pkg.mem_per_job_gb * 1024,
             log=log,
+            profile=ctx.settings.profile,
         ) as session,
         server.slot(server.tokens_for(jobs), wait_log=session.wait_log),
         watch or contextlib.nullcontext(),

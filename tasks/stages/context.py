@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.core.digest import action_key
 from tasks.core.errors import FetchError, PatchError, ReproError, ToolchainError
-from tasks.core.settings import WORKSPACE_FILE, Settings, load_settings
+from tasks.core.settings import MAX_JOBS, WORKSPACE_FILE, Settings, load_settings
 from tasks.core.treehash import file_sha256
 from tasks.env import reproducible, toolchain
 from tasks.lock.keys import RECIPE_FORMAT, key_document
@@ -314,6 +314,7 @@ class Context:
 
     def jobserver(self) -> JobServer:
         """The run's one job budget, sized on first use for the packages this run must build."""
+        from tasks.core.console import warn
         from tasks.engine.admission import Budget, plan_budget
         from tasks.engine.broker import available_memory_gb
         from tasks.engine.jobserver import MIN_NINJA, JobServer, find_ninja
@@ -339,7 +340,9 @@ class Context:
                 )
                 cluster = self._cluster((ninja[1] or (0,)) >= MIN_NINJA) if building or self._rebuilt() else None
                 if cluster is not None:  # a token per CPU of its nodes; each node admits by its own memory
-                    slots = self.settings.jobs or cluster.slots
+                    slots = self.settings.jobs or min(cluster.slots, MAX_JOBS)
+                    if slots < cluster.slots and not self.settings.jobs:
+                        warn(f"cluster: {cluster.slots} CPUs; the run takes at most {MAX_JOBS} jobs (one token each)")
                     budget = Budget(slots, f"{cluster.slots} CPUs of the cluster's nodes" if slots == cluster.slots
                                     else f"jobs={slots}")  # fmt: skip
                     per_unit = False

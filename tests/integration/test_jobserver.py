@@ -237,6 +237,53 @@ def test_a_killed_compiler_gives_its_token_back(tmp_path: Path) -> None:
         server.close()
 
 
+def _drain(fifo: Path) -> int:
+    """Read every token the fifo holds now (without blocking): how many."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    count = 0
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            count += len(chunk)
+    finally:
+        os.close(fd)
+    return count
+
+
+@pytest.mark.parametrize("slots", [70_000, 2_000_000])
+def test_a_budget_larger_than_the_fifo_holds_never_blocks(
+    slots: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """jobs= above 65 536 (or a Ray cluster of more CPUs): the job server wrote its tokens into a fifo that
+    holds 64 KiB before anything read it, and blocked for ever, with no output. It grows the pipe where it may
+    and otherwise takes the tokens the fifo holds, with a warning; it never waits."""
+    made: list[JobServer] = []
+    thread = threading.Thread(
+        target=lambda: made.append(JobServer(slots, tmp_path / "js", search_path="", ninja=(None, None))), daemon=True
+    )
+    thread.start()
+    thread.join(timeout=60)
+    blocked = thread.is_alive()
+    fifos = list((tmp_path / "js").glob("jobserver-*.fifo"))
+    while thread.is_alive() and fifos:  # (before the fix: let its write end, so the test ends)
+        _drain(fifos[0])
+        thread.join(timeout=0.1)
+    assert not blocked, f"the job server blocked writing {slots} tokens"
+    server = made[0]
+    try:
+        held = _drain(server.fifo)
+        assert held == server.slots and 4096 <= server.slots <= slots
+        warned = capsys.readouterr().err
+        assert server.slots == slots or f"holds {held} tokens, not {slots}" in warned, warned
+    finally:
+        server.close()
+
+
 def test_slots_are_returned_after_a_failed_block(tmp_path: Path) -> None:
     server = JobServer(2, tmp_path / "js", search_path=os.environ.get("PATH", ""))
     try:
@@ -532,6 +579,112 @@ def test_a_unit_past_its_peak_process_counts_only_its_rest(tmp_path: Path) -> No
             server.close()
     assert found["rest"][0] <= 2 and found["rest"][1] >= 3, found
     assert found["peak"][1] <= 2, found
+
+
+#: A "compiler" of one process that holds MB for SECONDS, frees it, and holds a few MB for TAIL seconds more:
+#: ``cc -o OUT MB SECONDS TAIL``. It appends when it ran to OUT and when it held MB to OUT.big.
+BRIEF_PEAK = textwrap.dedent(
+    """
+    import sys, time
+    out, mb, seconds, tail = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+    start = time.time()
+    held = b"x" * (mb << 20)  # resident, page by page; freed at once (an mmap of its own)
+    time.sleep(seconds)
+    peak_end = time.time()
+    del held
+    time.sleep(tail)
+    with open(out + ".big", "a") as fh:
+        fh.write(f"{start} {peak_end}\\n")
+    with open(out, "a") as fh:
+        fh.write(f"{start} {time.time()}\\n")
+    """
+)
+
+
+def _brief_peak_compiler(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "brief.py").write_text(BRIEF_PEAK)
+    (directory / "cc").write_text(f'#!/bin/sh\nexec {sys.executable} -S {directory / "brief.py"} "$@"\n')
+    (directory / "cc").chmod(0o755)
+    return directory
+
+
+def test_a_unit_whose_peak_is_brief_is_charged_its_peak_only_around_it(tmp_path: Path) -> None:
+    """Each unit holds 250 MB for its first 1.5 s and a few MB for 8 s more, in one process (no process
+    that ends marks its peak past). Budget 600 MB, four slots. The first build, without a record, counts
+    each unit the package's 270 MB for all of it: two at a time. It records when each unit's peak came; the
+    next build counts a unit its peak only around then: two start, and the other two once the first two
+    are past their peaks by the clock (no event tells the broker: it asks again each second), while the
+    first two still run: four at once, never more than two peaks. The same records without their timing:
+    two at a time again."""
+    path = os.pathsep.join([str(_brief_peak_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    units = [f"u{i}.o" for i in range(4)]
+    cache = tmp_path / "cache"
+
+    def build(name: str, records: dict[str, dict[str, object]]) -> tuple[int, int]:
+        log = tmp_path / f"{name}-units.log"
+        server = JobServer(4, tmp_path / f"js-{name}", search_path=path, mem_budget_gb=600 / 1024, unit_log=log)
+        try:
+            assert server.broker is not None
+            server.broker.building("pkg", records=records, hints={}, default_mb=270)
+            project = tmp_path / name
+            project.mkdir()
+            lines = ["rule job\n  command = cc -o $out 250 1.5 8.0\n"] + [f"build {u}: job\n" for u in units]
+            (project / "build.ninja").write_text("".join(lines))
+            res = _build_in(project, server, path)
+            assert res.returncode == 0, res.stdout + res.stderr
+            record_memory(cache, "pkg", _results(server))
+            whole = _overlap(_spans([project / u for u in units]))
+            peaks = _overlap(_spans([project / f"{u}.big" for u in units]))
+            return whole, peaks
+        finally:
+            server.close()
+
+    first = build("first", {})
+    assert first[0] <= 2, first
+    recorded = load_memory(memory_record(cache, "pkg"))
+    for found in recorded.values():  # its peak early in the unit and short (between samples), then little
+        peak = float(str(found["peak_mb"]))
+        start, span = float(str(found["peak_from_s"])), float(str(found["peak_for_s"]))
+        assert 1.0 <= span and start + span < float(str(found["seconds"])) - 4, found
+        assert 250 <= peak < 400, found
+        # Under half its peak before and after its span (a sample may catch it filling or freeing its 250 MB).
+        assert float(str(found["before_mb"])) < peak / 2 and float(str(found["after_mb"])) < peak / 2, found
+    timed = build("timed", recorded)
+    assert timed[0] >= 3 and timed[1] <= 2, f"{timed}: with its peak timed, units ran four at once, two peaks"
+    assert " start pkg u0.o expect=" in (tmp_path / "timed-units.log").read_text()
+    assert " peak_at=" in (tmp_path / "timed-units.log").read_text()
+    assert " peak_at=" not in (tmp_path / "first-units.log").read_text()
+    untimed = {u: {k: v for k, v in r.items() if k not in ("peak_from_s", "peak_for_s", "before_mb")}
+               for u, r in recorded.items()}  # fmt: skip
+    assert build("untimed", untimed)[0] <= 2
+
+
+def test_admission_holds_back_on_what_the_host_really_has_left(tmp_path: Path) -> None:
+    """mem= says four times what the host has free (MemAvailable); each unit is expected (by the lock's hint)
+    to reach 60 % of what the host has free, though it holds a few MB. The budget would take three at once;
+    what the host really has left takes one: each waits for the one before it to end. With what the host
+    has known to be ample (a budget of a tenth of it), all four at once."""
+    from tasks.engine.broker import available_memory_mb
+
+    free = available_memory_mb()
+    if free is None:
+        require("/proc/meminfo has no MemAvailable here")
+    path = os.pathsep.join([str(_memory_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    units = {f"u{i}.o": (20, 3.0) for i in range(4)}
+    found = {}
+    for name, budget_mb, expect_mb in (("high", 4 * free, 0.6 * free), ("ample", free / 10, 20.0)):
+        server = JobServer(4, tmp_path / f"js-{name}", search_path=path, mem_budget_gb=budget_mb / 1024)
+        try:
+            assert server.broker is not None
+            server.broker.building("pkg", records={}, hints={"u*.o": {"peak_mb": expect_mb}}, default_mb=expect_mb)
+            project = _memory_project(tmp_path / name, units)
+            res = _build_in(project, server, path)
+            assert res.returncode == 0, res.stdout + res.stderr
+            found[name] = _overlap(_spans([project / n for n in units]))
+        finally:
+            server.close()
+    assert found == {"high": 1, "ample": 4}, found
 
 
 KILLED_ONCE = textwrap.dedent(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,3 +167,35 @@ def test_a_warm_remote_and_an_empty_cache_restore_each_wheel_with_its_bytes(
     pure = by_package(plan(b, f"remote={remote}"))["repro_pure"]
     assert pure["action"] == "build" and pure["changes"] == [f"patch {PATCH} changed"]
     assert pure["nearest"]["where"] == "remote" and pure["nearest"]["key"] == entries(a.cache)["repro_pure"]["key"]
+
+
+@pytest.mark.needs_nvcc
+def test_hints_written_from_a_builds_records_forecast_a_fresh_host(
+    tmp_path: Path, quick_cache: Path, server: FixtureServer
+) -> None:
+    """`doit hints` writes the quick profile's unit hints into the lock's patches/ from the records a real build
+    left in the cache (times, memory and when each peak came); a workspace with those patches and an empty
+    cache forecasts its builds from them."""
+    built = make_workspace(tmp_path / "built", copy_cache(quick_cache, tmp_path / "cache"), server.url)
+    res = built.doit("hints", "profile=quick")
+    assert "review them with the lock" in res.stdout, res.stdout
+    written = sorted(p.relative_to(built.root).as_posix() for p in (built.root / "patches").glob("*/unit-*.quick.json"))
+    assert "patches/repro_cuda/unit-times.quick.json" in written, written
+    times = json.loads((built.root / "patches" / "repro_cuda" / "unit-times.quick.json").read_text())
+    memory = json.loads((built.root / "patches" / "repro_cuda" / "unit-memory.quick.json").read_text())
+    assert times and set(memory) <= set(times) and all(found["peak_mb"] > 0 for found in memory.values())
+
+    fresh = make_workspace(tmp_path / "fresh", tmp_path / "empty-cache", server.url)
+    fresh_before = plan(fresh)
+    shutil.rmtree(fresh.root / "patches")
+    shutil.copytree(built.root / "patches", fresh.root / "patches")
+    doc = plan(fresh)
+    cuda = by_package(doc)["repro_cuda"]["forecast"]
+    assert cuda["record"] == "hints" and cuda["range_s"] is not None, cuda
+    assert by_package(fresh_before)["repro_cuda"]["forecast"]["record"] == "none"
+    # A profile without hints of its own reads the plain files, which the quick profile's did not change.
+    assert not (built.root / "patches" / "repro_cuda" / "unit-times.json").exists()
+
+    nothing = make_workspace(tmp_path / "nothing", tmp_path / "nothing-cache", server.url)
+    res = nothing.doit("hints", "profile=quick", check=False)
+    assert res.returncode == 10 and "no package of profile quick has compile units recorded" in res.stderr, res.stderr

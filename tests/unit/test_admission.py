@@ -5,7 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tasks.engine.admission import Expect, Running, Waiter, choose, priority, reserved
+import pytest
+
+from tasks.engine.admission import (
+    STRETCH,
+    Expect,
+    Running,
+    Waiter,
+    choose,
+    expectation,
+    most,
+    outlook,
+    priority,
+    reserved,
+    shifted,
+    total,
+)
 
 
 def _next(
@@ -124,3 +139,101 @@ def test_a_running_unit_counts_its_peak_then_its_rest_or_what_it_holds_if_more()
     waiting = [Waiter("fa3", 1.0, 2, Expect(20000))]
     assert _next(waiting, [Running("fa3", reserved(cicc, 300.0, False), 300.0)], budget_mb=budget) is None
     assert _next(waiting, [Running("fa3", reserved(cicc, 300.0, True), 300.0)], budget_mb=budget) == "fa3#2"
+
+
+# --------------------------------------------------------------------------- a peak at its time (issue 41)
+
+#: A unit of 100 s whose gate timed its peak: 50 MB until 20 s, at least half of 400 MB from 20 s to 30 s,
+#: 60 MB after. Charged by the clock, with STRETCH's margin: its peak from 13.3 s to 45 s.
+BRIEF = Expect(peak_mb=400, peak_in="cicc", after_mb=60, before_mb=50, peak_from_s=20, peak_for_s=10)
+
+
+def test_a_record_with_its_peak_timed_is_read_and_a_hostile_one_is_not() -> None:
+    found = expectation(
+        {"peak_mb": 400, "peak_in": "cicc", "after_mb": 60, "before_mb": 50, "peak_from_s": 20, "peak_for_s": 10},
+        default_mb=1000,
+    )
+    assert found == BRIEF and found.timed
+    assert not expectation({"peak_mb": 400}, 1000).timed
+    # Values of another type, NaN, infinity, negative: no figure (the peak falls back to the default).
+    hostile = {"peak_mb": float("nan"), "after_mb": True, "before_mb": "50", "peak_from_s": -1, "peak_for_s": 1e999}
+    assert expectation(hostile, 1000) == Expect(1000)
+    assert expectation({"peak_mb": 400, "peak_in": ["cicc"]}, 1000) == Expect(400)
+
+
+def test_a_timed_unit_is_charged_its_peak_only_around_the_time_it_comes() -> None:
+    assert outlook(BRIEF) == ((0.0, 50), (pytest.approx(20 / STRETCH), 400), (pytest.approx(30 * STRETCH), 60))
+    assert outlook(BRIEF, elapsed_s=10, live_mb=40) == ((0.0, 50), (pytest.approx(20 / STRETCH - 10), 400),
+                                                        (pytest.approx(35.0), 60))  # fmt: skip
+    assert outlook(BRIEF, elapsed_s=30, live_mb=100) == ((0.0, 400), (pytest.approx(15.0), 60))
+    assert outlook(BRIEF, elapsed_s=60, live_mb=70) == ((0.0, 70),)  # past it: its rest, or what it holds
+    # Holding half its peak early (a host faster than the record's): in its peak now, for its span and margin.
+    assert outlook(BRIEF, elapsed_s=5, live_mb=250) == ((0.0, 400), (pytest.approx(45.0 - 5), 60))
+    # Still holding half its peak long after its record (a slower host): its peak now and for a while more.
+    late = outlook(BRIEF, elapsed_s=80, live_mb=300, high_since_s=70)
+    assert late[0] == (0.0, 400) and late[1][1] == 60 and late[1][0] >= 5
+    # Without timing, the rule as before: its peak, or its rest once its peak process has ended.
+    assert outlook(Expect(400, "cicc", 60), elapsed_s=60, live_mb=70) == ((0.0, 400),)
+    assert outlook(Expect(400, "cicc", 60), elapsed_s=60, live_mb=70, past=True) == ((0.0, 70),)
+
+
+def test_units_whose_peaks_are_brief_and_past_leave_room_that_a_whole_life_peak_would_take() -> None:
+    """Three units past their brief peaks hold 60 MB each: a fourth (400 MB) fits in 600 MB. Charged their
+    peaks for their whole lives, as before, they left no room for it."""
+    waiting = [Waiter("fa3", 1.0, 9, BRIEF)]
+    past = [Running("fa3", 60, 60, outlook(BRIEF, elapsed_s=60, live_mb=60)) for _ in range(3)]
+    assert _next(waiting, past, budget_mb=600) == "fa3#9"
+    whole = [Running("fa3", 400, 60) for _ in range(3)]
+    assert _next(waiting, whole, budget_mb=600) is None
+
+
+def test_a_unit_starts_only_where_its_peak_and_the_running_ones_do_not_meet_ahead() -> None:
+    """Both hold 50 MB now. A unit started 1 s ago peaks at the same time as a new one would: 800 MB in
+    600, so it waits. Started 50 s ago, its peak is over before the new one's comes: it starts."""
+    waiting = [Waiter("fa3", 1.0, 9, BRIEF)]
+    young = outlook(BRIEF, elapsed_s=1, live_mb=50)
+    assert _next(waiting, [Running("fa3", young[0][1], 50, young)], budget_mb=600) is None
+    assert _next(waiting, [Running("fa3", young[0][1], 50, young)], budget_mb=800) == "fa3#9"
+    old = outlook(BRIEF, elapsed_s=40, live_mb=150, high_since_s=20)
+    assert old[0][1] == 400  # in its peak now, ending 5 s from now; the new one's comes in 13 s
+    assert _next(waiting, [Running("fa3", old[0][1], 150, old)], budget_mb=600) == "fa3#9"
+
+
+def test_units_behind_a_waiting_one_fill_the_slots_until_it_is_expected_to_fit() -> None:
+    """FA3's unit (500 MB, untimed) waits: the running unit is at its peak (400 of 600 MB), expected past it
+    (60 MB) 20 s from now, when FA3's unit fits. FA2's unit behind it peaks now (150 MB) and holds 30 MB from
+    15 s on: it leaves FA3's room from then, so it starts (the slot would have idled). One that holds 150 MB
+    after its peak would take that room: it waits, as does one whose peak comes after FA3's unit starts."""
+    running = [Running("fa3", 400, 300, outlook(BRIEF, elapsed_s=25, live_mb=300, high_since_s=20))]
+    head = Waiter("fa3", 9.0, 1, Expect(500))
+    quick = Expect(peak_mb=150, after_mb=30, before_mb=150, peak_from_s=0, peak_for_s=10)
+    assert _next([head, Waiter("fa2", 1.0, 2, quick)], running, budget_mb=600) == "fa2#2"
+    heavy_rest = Expect(peak_mb=150, after_mb=150, before_mb=150, peak_from_s=0, peak_for_s=10)
+    assert _next([head, Waiter("fa2", 1.0, 2, heavy_rest)], running, budget_mb=600) is None
+    late_peak = Expect(peak_mb=150, after_mb=10, before_mb=10, peak_from_s=60, peak_for_s=10)
+    assert _next([head, Waiter("fa2", 1.0, 2, late_peak)], running, budget_mb=600) is None
+    # Where the running unit is not expected past its peak (no timing), FA3's whole peak is kept.
+    flat = [Running("fa3", 400, 300)]
+    assert _next([head, Waiter("fa2", 1.0, 2, quick)], flat, budget_mb=600) is None
+
+
+def test_admission_holds_back_while_the_host_runs_high() -> None:
+    """The budget has room, the host (MemAvailable) has not: a timed unit's peak ahead counts against what
+    the host has left, less the running units' growth and the headroom kept free."""
+    now = outlook(BRIEF, elapsed_s=1, live_mb=50)
+    running = [Running("fa3", now[0][1], 50, now)]  # 350 MB still to come, 12 s from now
+    waiting = [Waiter("te", 1.0, 1, Expect(200))]
+    assert _next(waiting, running, budget_mb=10_000, available_mb=600) == "te#1"
+    assert _next(waiting, running, budget_mb=10_000, available_mb=549) is None
+    found = choose(waiting, running, slots=8, budget_mb=10_000, available_mb=600, building={}, headroom_mb=100)
+    assert found is None
+    assert _next(waiting, running, budget_mb=10_000, available_mb=None) == "te#1"
+
+
+def test_step_sums() -> None:
+    a = ((0.0, 50.0), (10.0, 400.0), (20.0, 60.0))
+    b = ((0.0, 100.0), (15.0, 0.0))
+    assert total([a, b]) == ((0.0, 150.0), (10.0, 500.0), (15.0, 400.0), (20.0, 60.0))
+    assert most(a, b) == 500 and most(a, b, since=16) == 400
+    assert shifted(b, 5) == ((0.0, 0.0), (5.0, 100.0), (20.0, 0.0))
+    assert total([]) == ((0.0, 0.0),)

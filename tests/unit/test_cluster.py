@@ -5,15 +5,20 @@ tests/integration/test_cluster.py builds on a real Ray cluster."""
 from __future__ import annotations
 
 import ast
+import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tasks.core.errors import ReproError
 from tasks.core.settings import cluster_address
-from tasks.engine.cluster import Node, choose_node, differences, nvcc_threads
+from tasks.engine.cluster import Node, choose_node, differences, not_grpc, nvcc_threads
 from tasks.env import reproducible
 from tasks.outside import gate
 
@@ -141,3 +146,65 @@ def test_a_local_build_does_not_import_ray() -> None:
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin", "REPRO_LOCK": "examples/example.lock"})  # fmt: skip
     assert res.stdout.strip().splitlines()[-1] == "False", res.stdout + res.stderr
+
+
+class _Quiet(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server() -> Iterator[int]:
+    """A real HTTP server on loopback (as the dashboard's port 8265 is): its port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_server_given_as_the_cluster_is_one_warning_in_seconds(http_server: int) -> None:
+    """cluster=HOST:PORT where an HTTP server answers: Ray's own retries took about 14 minutes and logged an
+    address of its own (the host's, for 127.0.0.1) before the warning. Now one warning of ours, naming the
+    address as given, within the timeout, and nothing of Ray's; the build then runs here (None)."""
+    address = f"127.0.0.1:{http_server}"
+    code = f"from tasks.engine.cluster import connect; print(connect({address!r}, {{}}, {{}}, timeout=5))"
+    start = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - start < 90  # ray's import included; the probe itself takes milliseconds
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == "None", res.stdout + res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"WARNING: cluster={address}: an HTTP server answers there, not a Ray GCS (the dashboard's port, 8265, "
+        "for the GCS's 6379?); building here"
+    ], res.stderr
+
+
+def test_the_head_probe_knows_grpc_from_silence_and_from_nothing() -> None:
+    """A gRPC server (as a Ray GCS and Ray Client's server are) passes; one that accepts and says nothing is
+    given up after the timeout; a closed port is the head not answering."""
+    grpc = pytest.importorskip("grpc")  # (Ray's own dependency: the cluster extra installs it)
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert not_grpc(("127.0.0.1", port), 10) is None
+    finally:
+        server.stop(0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        start = time.monotonic()
+        said = not_grpc(silent.getsockname(), 1.0)
+        assert said is not None and "no gRPC answer within 1 s" in said
+        assert time.monotonic() - start < 30
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        free = closed.getsockname()
+    said = not_grpc(free, 5)
+    assert said is not None and said.startswith("the head does not answer")

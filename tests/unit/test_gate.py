@@ -64,3 +64,41 @@ def test_records_merge_and_a_killed_unit_keeps_its_larger_peak(tmp_path: Path) -
     assert found["b.o"] == {"peak_mb": 100}
     memory_record(tmp_path, "broken").write_text("{not json")
     assert load_memory(memory_record(tmp_path, "broken")) == {}
+
+
+def test_a_unit_times_its_peak_from_its_samples() -> None:
+    """Held 100 MB, then 900 MB from about 2 s to 4 s (in cicc), then 200 MB: its peak span runs from the
+    sample before the first at half its peak to the sample after the last, so it covers the peak whatever
+    fell between samples; what it held before and after are the most outside that span."""
+    unit = Unit()
+    for at, total, name in [(0.5, 100, "cc1plus"), (1.5, 120, "cicc"), (2.5, 900, "cicc"), (3.5, 800, "cicc"),
+                            (4.5, 200, "ptxas"), (5.5, 150, "ptxas")]:  # fmt: skip
+        unit.add(total, {name: total}, at)
+    unit.timed(6.0)
+    assert (unit.peak_mb, unit.peak_in, unit.before_mb, unit.after_mb) == (900, "cicc", 120, 200)
+    assert (unit.peak_from_s, unit.peak_for_s) == (1.5, 3.0)
+    assert unit.report() == "120 1.5 3.0"
+    # A peak at the last sample runs to the unit's end; one no sample saw (the kernel's figure) is untimed.
+    tail = Unit()
+    tail.add(100, {"cc1plus": 100}, 0.5)
+    tail.add(900, {"cicc": 900}, 1.5)
+    tail.timed(2.0)
+    assert (tail.peak_from_s, tail.peak_for_s, tail.after_mb) == (0.5, 1.5, 0.0)
+    missed = Unit()
+    missed.add(100, {"cc1plus": 100}, 0.5)
+    missed.peak_mb = 900  # ru_maxrss: a spike between samples
+    missed.timed(1.0)
+    assert missed.peak_for_s is None and missed.report() == "- - -"
+
+
+def test_a_timed_record_becomes_a_timed_expectation_and_a_hint_is_capped(tmp_path: Path) -> None:
+    found = {"peak_mb": 20000, "peak_in": "cicc", "after_mb": 3000, "before_mb": 1500, "peak_from_s": 40.0,
+             "peak_for_s": 30.0, "seconds": 400.0}  # fmt: skip
+    record_memory(tmp_path, "fa3", {"k.o": dict(found, peak_from_s=40.04, peak_for_s=29.96)})
+    recorded = load_memory(memory_record(tmp_path, "fa3"))["k.o"]
+    assert recorded == found  # seconds to a tenth, MB whole
+    expect = Expectations(records={"k.o": recorded}, hints={}, default_mb=24 * 1024).expect("k.o")
+    assert expect == Expect(20000, "cicc", 3000, 1500, 40.0, 30.0) and expect.timed
+    # A hint above the package's mem_per_job_gb (a profile that builds less) counts as that, timing kept.
+    capped = Expectations(records={}, hints={"k.o": found}, default_mb=7 * 1024).expect("k.o")
+    assert capped == Expect(7 * 1024, "cicc", 3000, 1500, 40.0, 30.0)

@@ -5,14 +5,35 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from tasks.cli.plan import BUILD, REMOTE, SCHEMA, Line, RunPlan, diff_inputs, nearest, render_text, to_json
 from tasks.core.digest import action_key, canonical_json
-from tasks.engine.forecast import Forecast, PackageWork, UnitWork, hint_range, serial_seconds, simulate, split_units
-from tasks.store.history import Earlier
+from tasks.engine.admission import Expect, priority
+from tasks.engine.forecast import (
+    Forecast,
+    PackageWork,
+    UnitWork,
+    hint_range,
+    package_work,
+    recorded_units,
+    serial_seconds,
+    simulate,
+    split_units,
+)
+from tasks.store.history import (
+    MEMORY_HINTS_FILE,
+    TIMES_HINTS_FILE,
+    Earlier,
+    hints_path,
+    record_build,
+    record_memory,
+    record_times,
+    write_hints,
+)
 from tasks.store.remote import history_key, read_history
 
 
@@ -157,6 +178,47 @@ def test_a_light_unit_passes_a_heavy_one_only_where_it_leaves_the_heavy_ones_roo
     assert f.wall_s == 10 and f.packages["light"].end_s == 2 and f.peak_mb == 17_000
 
 
+def _recorded_like(timed: bool) -> list[PackageWork]:
+    """The full FA3 and FA2 as the 4-GPU host's records describe them (issue 41): FA3's 73 units of 650, 450
+    and 220 s peaking at 18, 12 and 7 GB, FA2's 85 units of 300 to 760 s peaking at 6 GB, each peak brief
+    (15 % and 10 % of the unit) and early, with 1.5 to 2.5 GB before and after it. Untimed, the same peaks
+    are charged for each unit's whole life."""
+
+    def unit(name: str, seconds: float, peak_mb: float, share: float, rest_mb: float) -> UnitWork:
+        timing = {"before_mb": rest_mb / 2, "peak_from_s": seconds * share, "peak_for_s": seconds * share}
+        expect = Expect(peak_mb, "cicc", rest_mb, **(timing if timed else {}))  # type: ignore[arg-type]
+        return UnitWork(name, seconds, peak_mb, expect)
+
+    fa3 = [
+        unit(f"flash_fwd_{kind}_{k}_sm90.o", seconds, peak, 0.15, 2500)
+        for kind, count, seconds, peak in (("a", 20, 650, 18_000), ("b", 25, 450, 12_000), ("c", 28, 220, 7000))
+        for k in range(count)
+    ]
+    fa2 = [unit(f"flash_fwd_split_{k}.o", 300 + (k * 37) % 460, 6000, 0.10, 1500) for k in range(85)]
+    return [
+        PackageWork("flash_attn_3", tuple(fa3), priority=priority({u.name: u.seconds for u in fa3}, 64)),
+        PackageWork("flash_attn", tuple(fa2), priority=priority({u.name: u.seconds for u in fa2}, 64)),
+    ]
+
+
+def test_fa2_fills_the_cores_that_fa3s_memory_leaves() -> None:
+    """64 cores and 500 GB, FA3 first in line: with the peaks timed, units are charged their peaks only
+    around when they come, FA2's units fill the slots FA3's memory leaves, and the cores stay busy (over
+    85 % of the CPU-seconds the wall time offers; within 15 % of max(longest unit, CPU-seconds / 64)).
+    Charged their peaks for their whole lives, the same work leaves cores idle behind the reservations
+    (as the 4-GPU host did: 501.8 GB reserved, 113 GB used)."""
+    work = _recorded_like(timed=True)
+    cpu_s = sum(u.seconds for w in work for u in w.units)
+    bound = max(max(u.seconds for w in work for u in w.units), cpu_s / 64)
+    timed = simulate(work, slots=64, budget_mb=500 * 1024)
+    assert cpu_s / (64 * timed.wall_s) > 0.85 and timed.wall_s < 1.15 * bound, (timed.wall_s, bound)
+    assert timed.peak_mb <= 500 * 1024
+    # FA2, second in line, does not wait for FA3's units: it builds beside them and is done first.
+    assert timed.packages["flash_attn"].end_s < timed.packages["flash_attn_3"].end_s
+    whole = simulate(_recorded_like(timed=False), slots=64, budget_mb=500 * 1024)
+    assert cpu_s / (64 * whole.wall_s) < 0.8 and whole.wall_s > 1.2 * timed.wall_s, (whole.wall_s, timed.wall_s)
+
+
 def test_the_package_of_the_highest_priority_gets_the_tokens_first() -> None:
     te = PackageWork("te", units(10, 10), priority=100)
     apex = PackageWork("apex", units(10, 10), priority=10)
@@ -285,3 +347,49 @@ def test_a_package_without_a_record_says_so_with_the_range_of_its_hints() -> Non
     text = render_text(RunPlan("sources.lock", "default", "", 4, None, [nothing], simulate([], slots=4)))
     assert "no record in this cache and no hints in the lock: time unknown" in text
     assert "forecast: none" in text
+
+
+# --------------------------------------------------------------------------- the lock's unit hints
+
+
+def test_hints_are_written_per_profile_from_the_last_builds_compile_units(tmp_path: Path) -> None:
+    """`doit hints` writes the compile units of the package's last build (a preprocessor run joined to its
+    compile, the link left out, a unit of an older build left out) with their seconds, and each one's memory
+    with its peak's timing; the default profile's into the plain files, another's into its own, keeping the
+    patterns a hand wrote; the forecast on a cache without records then runs them, timed."""
+    cache, patches = tmp_path / "cache", tmp_path / "patches" / "fa3"
+    timed = {"peak_mb": 20000.4, "peak_in": "cicc", "after_mb": 3000, "before_mb": 1500, "peak_from_s": 40.04,
+             "peak_for_s": 30.0, "seconds": 400.0}  # fmt: skip
+    record_memory(cache, "fa3", {"k.o": timed, "k.cu.E": {"peak_mb": 300, "seconds": 2.0},
+                                 "old.o": {"peak_mb": 100, "seconds": 9.0}})  # fmt: skip
+    record_times(cache, "fa3", {"k.o": 401.0, "k.cu.E": 2.0, "old.o": 9.0, "libfa3.so": 30.0})
+    record_build(cache, "fa3", key="k", wall_s=500, wait_s=0, compile_s=450, slots=4, ninja_units=["k.o", "libfa3.so"])
+    times, memory = recorded_units(cache, "fa3")
+    assert times == {"k.o": 402.0} and set(memory) == {"k.o"}
+
+    patches.mkdir(parents=True)
+    (patches / MEMORY_HINTS_FILE).write_text('{"flash_fwd_*": {"peak_mb": 12288}, "k.o": {"peak_mb": 1}}\n')
+    assert write_hints(patches, "default", times, memory) == [patches / TIMES_HINTS_FILE, patches / MEMORY_HINTS_FILE]
+    assert (patches / TIMES_HINTS_FILE).read_text() == '{\n"k.o": 402.0\n}\n'
+    assert (patches / MEMORY_HINTS_FILE).read_text() == (
+        '{\n"k.o": {"after_mb": 3000, "before_mb": 1500, "peak_for_s": 30.0, "peak_from_s": 40.0, '
+        '"peak_in": "cicc", "peak_mb": 20000},\n"flash_fwd_*": {"peak_mb": 12288}\n}\n'
+    )
+    assert write_hints(patches, "minimal", {"k.o": 50.0}, {}) == [
+        patches / "unit-times.minimal.json",
+        patches / "unit-memory.minimal.json",
+    ]
+    assert hints_path(patches, TIMES_HINTS_FILE, "minimal") == patches / "unit-times.minimal.json"
+    assert hints_path(patches, TIMES_HINTS_FILE, "no-fa2") == patches / TIMES_HINTS_FILE  # none of its own
+    assert hints_path(patches, TIMES_HINTS_FILE, "default") == patches / TIMES_HINTS_FILE
+    with pytest.raises(ValueError, match="not a name"):
+        write_hints(patches, "../x", times, memory)
+    assert hints_path(patches, TIMES_HINTS_FILE, "../x") == patches / TIMES_HINTS_FILE
+
+    # A fresh host: no records; the forecast runs the lock's hints, the peak timed.
+    pkg = SimpleNamespace(name="fa3", mem_per_job_gb=24)
+    work, origin, span = package_work(tmp_path / "fresh", tmp_path / "patches", pkg, slots=4)  # type: ignore[arg-type]
+    assert origin == "hints" and span == (402.0, 402.0 / 4 + 402.0)
+    assert work.units == (UnitWork("k.o", 402.0, 20000, Expect(20000, "cicc", 3000, 1500, 40.0, 30.0)),)
+    minimal = package_work(tmp_path / "fresh", tmp_path / "patches", pkg, slots=4, profile="minimal")[0]  # type: ignore[arg-type]
+    assert [(u.name, u.seconds, u.expect) for u in minimal.units] == [("k.o", 50.0, Expect(24 * 1024))]
