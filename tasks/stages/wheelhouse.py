@@ -110,6 +110,7 @@ def preflight_spec(ctx: Context, records: list[WheelRecord]) -> dict[str, Any]:
         glibc = ""
     runtime = runtime_section(ctx)
     cuda_packages = {pkg.name for pkg in ctx.active if pkg.cuda}
+    needs, needs_from = _provided_needs(ctx, records)
     return {
         "format": preflight.SPEC_FORMAT,
         "archs": list(ctx.lock.toolchain.archs),
@@ -122,11 +123,28 @@ def preflight_spec(ctx: Context, records: list[WheelRecord]) -> dict[str, Any]:
             "machine": platform.machine(),
         },
         "provided": list(runtime["provided"]) if runtime else [],
+        "needs_from": needs_from,
         "wheels": [
-            {"filename": r.filename, "package": r.package, "cuda": r.package in cuda_packages, "origin": r.origin}
+            {"filename": r.filename, "package": r.package, "cuda": r.package in cuda_packages, "origin": r.origin,
+             "needs": needs.get(r.filename, [])}
             for r in sorted(records, key=lambda r: r.filename)
         ],
-    }
+    }  # fmt: skip
+
+
+def _provided_needs(ctx: Context, records: list[WheelRecord]) -> tuple[dict[str, list[str]], str]:
+    """filename -> the provided distributions each wheel needs (its Requires-Dist, followed through the provided
+    set's own requirements; none for a wheel installed without its dependencies), and where the provided set's
+    requirements were read."""
+    from tasks.env import closure
+
+    runtime = ctx.runtime
+    if runtime is None or not runtime.provided:
+        return {}, ""
+    base, source = closure.provided_requirements(runtime, ctx.lock.path.parent,
+                                                 log=ctx.settings.logs / "wheels-base.log")  # fmt: skip
+    requires = {r.filename: closure.requires_dist(ctx.settings.wheels / r.filename) for r in records if r.deps}
+    return closure.provided_needs(requires, base, closure.target_of(runtime)), source
 
 
 def assemble(ctx: Context) -> list[WheelRecord]:
