@@ -3,7 +3,7 @@
 Runs elsewhere: on a cluster node, from a wheelhouse, an unpacked bundle or an image, offline, with only
 the standard library of the node's Python (3.8 or newer) and no checkout of this project. `doit wheels`
 ships a copy of this file as ``wheels/preflight.py`` beside ``wheels/preflight.json`` (what the wheels
-need: the build's CUDA, torch and glibc, the target archs, the provided set)::
+need: the build's CUDA, torch and glibc, the target archs, the provided set and what each wheel needs of it)::
 
     python3 wheels/preflight.py                      # checks this interpreter and this node
     python3 wheels/preflight.py --python /opt/venv/bin/python --json report.json
@@ -424,9 +424,9 @@ def provided_check(
         elif problem:
             other_drift.append(problem)
     if strict:
-        needed_text = f"all {len(provided)} provided distributions at their captured versions (--strict)"
+        needed_text = f"every provided distribution ({len(provided)}) at its captured version (--strict)"
     elif needed is None:
-        needed_text = f"all {len(provided)} provided distributions at their captured versions (format 1)"
+        needed_text = f"every provided distribution ({len(provided)}) at its captured version (format 1)"
     else:
         needed_text = (f"the {len(wanted)} of the {len(provided)} provided distributions the wheels need, at their "
                        "captured versions")  # fmt: skip

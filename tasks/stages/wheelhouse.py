@@ -7,7 +7,7 @@ provenance statement per wheel under ``provenance/``, and what a cluster node
 checks itself with before installing: ``preflight.py`` (a copy of
 tasks/outside/preflight.py, standard library only) and ``preflight.json`` (what the
 wheels need: the build's CUDA, torch and glibc, the target archs, the provided
-set). Every file is written atomically; stale wheels go.
+set and what each wheel needs of it). Every file is written atomically; stale wheels go.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ PREFLIGHT_SOURCE = Path(__file__).resolve().parents[1] / "outside" / "preflight.
 
 def preflight_spec(ctx: Context, records: list[WheelRecord]) -> dict[str, Any]:
     """What the wheels need of a node (read by tasks/outside/preflight.py there): the build's CUDA, torch and glibc,
-    the target archs, each wheel (with whether it carries device code), the provided set."""
+    the target archs, each wheel (with whether it carries device code, and the provided distributions it needs),
+    the provided set."""
     import os
     import platform
 

@@ -107,6 +107,10 @@ def test_preflight_checks_the_node_against_the_wheelhouse_it_ships_in(workspace:
     assert report["ok"] is False and [c["check"] for c in report["checks"] if c["status"] == "FAIL"] == ["driver"]
     assert "PreflightFailed: this node cannot take the wheels" in res.stderr
     assert ws.doit("preflight", "profile=guard", "gpu=off").returncode == 0
+    assert spec["format"] == 2 and spec["provided"] == ["torch"], spec
+    assert {w["package"]: w["needs"] for w in spec["wheels"]}["repro_torchext"] == ["torch"], spec
+    res = ws.doit("preflight", "profile=guard", "gpu=off", "--strict")  # every provided distribution: torch
+    assert "needed: every provided distribution (1) at its captured version (--strict)" in res.stdout, res.stdout
 
     # On a node: the shipped copy alone, outside any checkout, under an isolated interpreter.
     node = tmp_path / "node"
