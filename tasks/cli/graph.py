@@ -663,7 +663,7 @@ class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
 
 
 @guarded
-def _do_preflight(python: str, report: str) -> None:
+def _do_preflight(python: str, report: str, strict: bool) -> None:
     """The wheelhouse's own check (wheels/preflight.py, the same code as tasks/outside/preflight.py) on this node."""
     from tasks.core.errors import PreflightFailed
     from tasks.outside import preflight
@@ -672,9 +672,12 @@ def _do_preflight(python: str, report: str) -> None:
     out = Path(report) if report else ctx.settings.builddir / "preflight" / "report.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     args = ["--wheels", str(ctx.settings.wheels), "--json", str(out), "--gpu", ctx.settings.gpu]
-    status = preflight.main([*args, *(["--python", python] if python else [])])
+    status = preflight.main([*args, *(["--python", python] if python else []), *(["--strict"] if strict else [])])
     if status == preflight.EXIT_UNREADABLE:
-        raise ReproError(f"{ctx.settings.wheels} has no {preflight.SPEC_FILE}: run `doit wheels` (or unpack a bundle)")
+        raise ReproError(
+            f"{ctx.settings.wheels} cannot be read as a wheelhouse (the line above says why): run `doit wheels` "
+            "(or unpack a bundle)"
+        )
     if status != preflight.EXIT_OK:
         raise PreflightFailed(
             f"this node cannot take the wheels in {ctx.settings.wheels}: see the FAIL lines above (report: {out}); "
@@ -689,6 +692,13 @@ def task_preflight() -> TaskDict:
         "params": [
             {"name": "python", "long": "python", "default": "", "help": "the interpreter the wheels go into"},
             {"name": "report", "long": "report", "default": "", "help": "the JSON report's path"},
+            {
+                "name": "strict",
+                "long": "strict",
+                "type": bool,
+                "default": False,
+                "help": "every provided distribution at its captured version, not only those the wheels need",
+            },
         ],
         "uptodate": [False],
         **CONSOLE,

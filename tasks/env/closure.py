@@ -19,6 +19,7 @@ closure, the provided set and the other built wheels.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -333,6 +334,75 @@ def _valid(line: str) -> bool:
     except InvalidRequirement:
         return False
     return True
+
+
+def provided_needs(
+    requires: Mapping[str, Sequence[str]], provided: Mapping[str, Sequence[str]], target: Target
+) -> dict[str, list[str]]:
+    """key (a wheel) -> the provided distributions it needs: those its ``requires`` name, then, through each of
+    those's own requirements (``provided``: canonical name -> its Requires-Dist; one with none known is followed
+    no further), what they need of the provided set, with the extras asked for; markers evaluated for the target.
+
+    What `doit preflight` and isolated `doit verify` hold a node to: a provided distribution no wheel needs may
+    differ from the captured base without breaking the wheels."""
+    env = target.environment()
+    needs_of: dict[str, list[str]] = {}
+    for key, lines in requires.items():
+        needs: set[str] = set()
+        followed: set[tuple[str, str]] = set()
+        todo = [(line, "") for line in lines]
+        while todo:
+            line, extra = todo.pop()
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate({**env, "extra": extra}):
+                continue
+            name = str(canonicalize_name(req.name))
+            if name not in provided:
+                continue
+            needs.add(name)
+            for asked in ["", *sorted(req.extras)]:
+                if (name, asked) not in followed:
+                    followed.add((name, asked))
+                    todo += [(sub, asked) for sub in provided[name]]
+        needs_of[key] = sorted(needs)
+    return needs_of
+
+
+def provided_requirements(runtime: Runtime, lock_dir: Path, *, log: Path) -> tuple[dict[str, list[str]], str]:
+    """canonical name -> the Requires-Dist of each provided distribution, and where they were read: the base's
+    capture (``base_capture``'s file, or ``base_python`` run again), else this interpreter's installed
+    distributions of the provided versions (``base_image``, a provided set written by hand); a distribution found
+    in neither has none."""
+    versions = runtime.provided_versions
+    source = ""
+    if runtime.base_capture or (runtime.base_python and not runtime.base_image):
+        capture = lock_dir / runtime.base_capture if runtime.base_capture else None
+        try:
+            _python, base = capture_base(runtime.base_python, log=log, capture=capture)
+        except LockError as exc:
+            warn(f"the base's requirements for preflight.json: {exc.message}; this interpreter's distributions "
+                 "stand in")  # fmt: skip
+        else:
+            source = runtime.base_capture or runtime.base_python
+            return {name: list(base[name][1]) if name in base else [] for name in versions}, source
+    found: dict[str, list[str]] = {}
+    for dist in importlib.metadata.distributions():
+        name = str(canonicalize_name(dist.metadata["Name"] or ""))
+        if name in versions and name not in found and _same_public(dist.version, versions[name]):
+            found[name] = list(dist.requires or [])
+    return {name: found.get(name, []) for name in versions}, "this interpreter's installed distributions"
+
+
+def _same_public(installed: str, pinned: str) -> bool:
+    if not pinned:
+        return True
+    try:
+        return Version(installed).public == Version(pinned).public
+    except InvalidVersion:
+        return installed == pinned
 
 
 def file_hashes(name: str, version: str, target: Target, *, work: Path, indexes: list[str] | None) -> list[str]:

@@ -3,7 +3,7 @@
 Runs elsewhere: on a cluster node, from a wheelhouse, an unpacked bundle or an image, offline, with only
 the standard library of the node's Python (3.8 or newer) and no checkout of this project. `doit wheels`
 ships a copy of this file as ``wheels/preflight.py`` beside ``wheels/preflight.json`` (what the wheels
-need: the build's CUDA, torch and glibc, the target archs, the provided set)::
+need: the build's CUDA, torch and glibc, the target archs, the provided set and what each wheel needs of it)::
 
     python3 wheels/preflight.py                      # checks this interpreter and this node
     python3 wheels/preflight.py --python /opt/venv/bin/python --json report.json
@@ -20,7 +20,15 @@ Checks, one line each with what was found and what is needed:
 - ``python``: the interpreter's version and ABI against every wheel's tags;
 - ``torch``: the installed torch (version with its local label, CUDA, C++ ABI) against what the wheels pin
   (their ``Requires-Dist: torch==``) and were compiled with;
-- ``provided``: the installed distributions against the provided set the closure was resolved around.
+- ``provided``: the installed distributions against the provided set the closure was resolved around: those
+  the wheels need (each wheel's ``needs`` in preflight.json: what it requires of the provided set, followed
+  through the provided distributions' own requirements) must be installed at their captured versions; any
+  other difference from the captured base is a note (``--strict``: every provided distribution must be).
+
+Its inputs are not trusted (docs/security.md): preflight.json must be a regular file of at most
+``MAX_SPEC_BYTES`` of the shape :func:`check_spec` describes, and each wheel it names a plain file name of
+the wheelhouse that is a regular file, whose METADATA is read up to ``MAX_METADATA_BYTES``; a fifo, a
+device, a link to one, another shape or a nesting too deep is one line and exit status 10, never a wait.
 
 Exit status (docs/tasks.md#exit-statuses): 0 when every check passes or is skipped, 21 when one fails
 (no NVIDIA driver included), 10 when the wheelhouse cannot be read. ``REPRO_LIBCUDA`` names another
@@ -35,6 +43,7 @@ import json
 import os
 import platform
 import re
+import stat
 import subprocess
 import sys
 import zipfile
@@ -42,7 +51,13 @@ from typing import Any
 
 #: What `doit wheels` writes beside this file.
 SPEC_FILE = "preflight.json"
-SPEC_FORMAT = 1
+#: 2: each wheel says which provided distributions it needs (``needs``). 1 (no ``needs``) is still read: every
+#: provided distribution is then needed.
+SPEC_FORMAT = 2
+READ_FORMATS = (1, 2)
+#: The most this checker reads of preflight.json, and of one wheel's METADATA.
+MAX_SPEC_BYTES = 32 * 1024 * 1024
+MAX_METADATA_BYTES = 8 * 1024 * 1024
 EXIT_OK = 0
 EXIT_FAILED = 21  # tasks.core.errors.PreflightFailed
 EXIT_UNREADABLE = 10  # tasks.core.errors.ReproError
@@ -259,10 +274,13 @@ out = {"version": list(sys.version_info[:3]), "implementation": sys.implementati
        "abi": "cp%d%d" % sys.version_info[:2], "soabi": sysconfig.get_config_var("SOABI") or "",
        "machine": platform.machine(), "dists": {}}
 for name in names:
-    try:
-        out["dists"][name] = md.version(name) if md else None
-    except Exception:
-        out["dists"][name] = None
+    out["dists"][name] = None
+    for spelt in (name, name.replace("-", "_")):  # Python 3.8 finds typing_extensions-*.dist-info as written only
+        try:
+            out["dists"][name] = md.version(spelt) if md else None
+            break
+        except Exception:
+            pass
 if out["dists"].get("torch"):
     try:
         import torch
@@ -286,7 +304,14 @@ def probe_python(python: str, names: list[str]) -> dict[str, Any]:
         return {"error": f"{python} cannot be run: {exc}"}
     if res.returncode != 0:
         return {"error": "{} failed: {}".format(python, res.stderr.decode("utf-8", "replace").strip()[-400:])}
-    result: dict[str, Any] = json.loads(res.stdout.decode("utf-8"))
+    text = res.stdout.decode("utf-8", "replace").strip()
+    try:  # the last line: a sitecustomize may print before it
+        lines = text.splitlines()
+        result = json.loads(lines[-1]) if lines else None
+    except (ValueError, RecursionError):
+        result = None
+    if not isinstance(result, dict) or not isinstance(result.get("dists"), dict) or "version" not in result:
+        return {"error": f"{python} printed no report of what it holds (its output ends: {text[-200:]!r})"}
     return result
 
 
@@ -349,38 +374,132 @@ def torch_check(pins: dict[str, str], build: dict[str, Any], node: dict[str, Any
     return check("torch", "PASS", found, needed)
 
 
-def provided_check(provided: list[str], node: dict[str, Any]) -> dict[str, Any]:
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def needed_provided(spec: dict[str, Any]) -> dict[str, list[str]]:
+    """canonical name -> the wheels that need that provided distribution (preflight.json's ``needs``); a format 1
+    description says nothing of it: every provided distribution is then needed, by the provided set itself."""
+    if spec["format"] < 2:
+        return {canonical(line.partition("==")[0]): [] for line in spec["provided"]}
+    needed: dict[str, list[str]] = {}
+    for wheel in spec["wheels"]:
+        for name in wheel["needs"]:
+            needed.setdefault(canonical(name), []).append(wheel["filename"])
+    return needed
+
+
+def _some(items: list[str], most: int = 8) -> str:
+    shown = ", ".join(items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def provided_check(
+    provided: list[str], node: dict[str, Any], needed: dict[str, list[str]] | None = None, strict: bool = False
+) -> dict[str, Any]:
+    """The node's distributions against the provided set: those the wheels need (``needed``; None: all of them)
+    must be installed at their captured versions; the rest of the captured base is compared too, and a
+    difference there is a note, or, ``strict``, a failure."""
     if not provided:
         return check("provided", "SKIP", "not asked", "none: the lock's [runtime] provides nothing")
-    needed = ", ".join(provided)
-    missing, seen = [], []
+    wanted, other_drift, seen, failed = [], [], [], []
     for line in provided:
         name, _, version = line.partition("==")
+        key = canonical(name)
+        is_needed = strict or needed is None or key in needed
+        if is_needed:
+            wanted.append(line)
         have = node.get("dists", {}).get(name)
+        problem = ""
         if not have:
-            missing.append(f"{name} not installed")
-            continue
-        seen.append(f"{name} {have}")
-        if version and (have != version if "+" in version else _public(have) != version):
-            missing.append(f"{name} is {have}, not {version}")
-    if missing:
-        return check("provided", "FAIL", "; ".join(seen) or "none of them", needed, "; ".join(missing))
-    return check("provided", "PASS", "; ".join(seen), needed)
+            problem = f"{name} not installed"
+        elif version and (have != version if "+" in version else _public(have) != version):
+            problem = f"{name} is {have}, not {version}"
+        elif is_needed:
+            seen.append(f"{name} {have}")
+        if problem and is_needed:
+            users = (needed or {}).get(key, [])
+            failed.append(problem + (f" (needed by {_some(users, 3)})" if users else ""))
+        elif problem:
+            other_drift.append(problem)
+    if strict:
+        needed_text = f"every provided distribution ({len(provided)}) at its captured version (--strict)"
+    elif needed is None:
+        needed_text = f"every provided distribution ({len(provided)}) at its captured version (format 1)"
+    else:
+        needed_text = (f"the {len(wanted)} of the {len(provided)} provided distributions the wheels need, at their "
+                       "captured versions")  # fmt: skip
+    found = _some(seen) if seen else ("none of them" if wanted else "nothing needed")
+    note = ""
+    if other_drift:
+        note = (f"note: {len(other_drift)} other difference{'s' if len(other_drift) > 1 else ''} from the captured "
+                f"base, which no wheel needs: {_some(other_drift)} (--strict fails on them)")  # fmt: skip
+    if failed:
+        return check("provided", "FAIL", found, needed_text, "; ".join(failed) + ("; " + note if note else ""))
+    return check("provided", "PASS", found, needed_text, note)
 
 
 # --------------------------------------------------------------------------- the wheelhouse
+
+
+class Unreadable(ValueError):
+    """The wheelhouse cannot be read: its description or a wheel it names is missing, of another kind or shape."""
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """The bytes of ``path``, a regular file (a link to one is followed) of at most ``limit`` bytes: a fifo, a
+    device (``/dev/zero``), a directory or a larger file is refused, before anything is read from it."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)  # a fifo: no wait for a writer
+    fd = os.open(path, flags)
+    try:
+        _regular(fd, path)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise Unreadable(f"{path} is larger than {limit} bytes")
+    return data
+
+
+def _regular(fd: int, path: str) -> None:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        kinds = ((stat.S_ISFIFO, "a fifo"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                 (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+        kind = next((text for test, text in kinds if test(mode)), "not a file")
+        raise Unreadable(f"{path} is {kind}, not a regular file")
+
+
+def wheel_metadata(path: str) -> str:
+    """The METADATA of the wheel ``path`` (a regular file; the member read up to ``MAX_METADATA_BYTES``)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _regular(fd, path)
+        with os.fdopen(os.dup(fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
+            info = next((i for i in zf.infolist() if i.filename.endswith(".dist-info/METADATA")
+                         and i.filename.count("/") == 1), None)  # fmt: skip
+            if info is None:
+                raise Unreadable(f"{path} has no *.dist-info/METADATA")
+            if info.file_size > MAX_METADATA_BYTES:
+                raise Unreadable(f"{path}: its METADATA says {info.file_size} bytes, more than {MAX_METADATA_BYTES}")
+            with zf.open(info) as member:
+                data = member.read(MAX_METADATA_BYTES + 1)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, RuntimeError) as exc:
+        raise Unreadable(f"{path} is not a readable wheel ({type(exc).__name__}: {exc})") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_METADATA_BYTES:
+        raise Unreadable(f"{path}: its METADATA is larger than {MAX_METADATA_BYTES} bytes")
+    return data.decode("utf-8", "replace")
 
 
 def torch_pins(wheel_dir: str, filenames: list[str]) -> dict[str, str]:
     """filename -> the exact torch its METADATA requires (``Requires-Dist: torch==X``), for those that pin one."""
     pins = {}
     for name in filenames:
-        try:
-            with zipfile.ZipFile(os.path.join(wheel_dir, name)) as zf:
-                meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
-                text = zf.read(meta).decode("utf-8", "replace")
-        except (OSError, zipfile.BadZipFile, StopIteration):
-            continue
+        text = wheel_metadata(os.path.join(wheel_dir, name))
         for line in text.split("\n\n", 1)[0].splitlines():
             m = re.match(r"Requires-Dist:\s*torch\s*===?\s*([^\s;,]+)\s*$", line)
             if m:
@@ -388,28 +507,96 @@ def torch_pins(wheel_dir: str, filenames: list[str]) -> dict[str, str]:
     return pins
 
 
+_WHEEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl$")
+_PROVIDED_LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?$")
+
+
+def check_spec(spec: object) -> dict[str, Any]:
+    """preflight.json as this checker reads it, or :class:`Unreadable` naming the first field of another shape::
+
+    {"format": 2, "archs": [str], "provided": ["name==version" or "name"],
+     "build": {"cuda", "torch", "torch_cuda", "glibc", "machine": str, "torch_cxx11_abi": bool or null},
+     "wheels": [{"filename": a wheel's file name, "package": str, "cuda": bool, "origin": str,
+                 "needs": [name]}]}   (format 1: no "needs")
+    """
+    if not isinstance(spec, dict):
+        raise Unreadable(f"not a JSON object but {type(spec).__name__}")
+    fmt = spec.get("format")
+    if isinstance(fmt, bool) or fmt not in READ_FORMATS:
+        raise Unreadable(f"format {repr(fmt)[:40]}, this checker reads {', '.join(map(str, READ_FORMATS))}")
+
+    def strings(value: object, where: str) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise Unreadable(f"{where} is not a list of strings")
+        return list(value)
+
+    build = spec.get("build", {})
+    if not isinstance(build, dict):
+        raise Unreadable("build is not an object")
+    for key in ("cuda", "torch", "torch_cuda", "glibc", "machine"):
+        if not isinstance(build.get(key, ""), str):
+            raise Unreadable(f"build.{key} is not a string")
+    if build.get("torch_cxx11_abi") is not None and not isinstance(build["torch_cxx11_abi"], bool):
+        raise Unreadable("build.torch_cxx11_abi is neither true, false nor null")
+    provided = strings(spec.get("provided", []), "provided")
+    for line in provided:
+        if not _PROVIDED_LINE.match(line):
+            raise Unreadable(f"provided: {line[:80]!r} is not 'name==version' or 'name'")
+    wheels = spec.get("wheels", [])
+    if not isinstance(wheels, list):
+        raise Unreadable("wheels is not a list")
+    checked = []
+    for i, wheel in enumerate(wheels):
+        if not isinstance(wheel, dict):
+            raise Unreadable(f"wheels[{i}] is not an object")
+        filename = wheel.get("filename")
+        if not isinstance(filename, str) or not _WHEEL_NAME.match(filename):
+            raise Unreadable(f"wheels[{i}].filename {str(filename)[:80]!r} is not the file name of a wheel in the "
+                             "wheelhouse")  # fmt: skip
+        if not isinstance(wheel.get("package", ""), str) or not isinstance(wheel.get("origin", ""), str):
+            raise Unreadable(f"wheels[{i}]: package and origin must be strings")
+        if not isinstance(wheel.get("cuda", False), bool):
+            raise Unreadable(f"wheels[{i}].cuda is neither true nor false")
+        needs = strings(wheel.get("needs", []), f"wheels[{i}].needs")
+        checked.append({"filename": filename, "package": wheel.get("package", ""), "cuda": wheel.get("cuda", False),
+                        "origin": wheel.get("origin", ""), "needs": needs})  # fmt: skip
+    return {"format": int(fmt), "archs": strings(spec.get("archs", []), "archs"), "build": dict(build),
+            "provided": provided, "wheels": checked}  # fmt: skip
+
+
 def load_spec(wheel_dir: str) -> dict[str, Any]:
+    """The wheelhouse's preflight.json, checked (:func:`check_spec`); :class:`Unreadable` (a ValueError) or
+    OSError with one line otherwise."""
     path = os.path.join(wheel_dir, SPEC_FILE)
-    with open(path, encoding="utf-8") as fh:
-        spec: dict[str, Any] = json.load(fh)
-    if spec.get("format") != SPEC_FORMAT:
-        raise ValueError("{}: format {!r}, this checker reads {}".format(path, spec.get("format"), SPEC_FORMAT))
-    return spec
+    data = read_regular(path, MAX_SPEC_BYTES)
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise Unreadable(f"{path} is nested too deeply") from None
+    except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError, an integer of too many digits
+        raise Unreadable(f"{path} is not JSON ({str(exc)[:160]})") from None
+    try:
+        return check_spec(doc)
+    except Unreadable as exc:
+        raise Unreadable(f"{path}: {exc}") from None
 
 
-def run(wheel_dir: str, *, python: str = "", gpu: str = "auto", library: str = "") -> list[dict[str, Any]]:
+def run(
+    wheel_dir: str, *, python: str = "", gpu: str = "auto", library: str = "", strict: bool = False
+) -> list[dict[str, Any]]:
     """Every check of the node against the wheelhouse ``wheel_dir`` (its preflight.json)."""
     spec = load_spec(wheel_dir)
-    build = spec.get("build", {})
-    wheels = [w["filename"] for w in spec.get("wheels", [])]
-    cuda_wheels = [w["filename"] for w in spec.get("wheels", []) if w.get("cuda")]
-    provided = list(spec.get("provided", []))
+    build = spec["build"]
+    wheels = [w["filename"] for w in spec["wheels"]]
+    cuda_wheels = [w["filename"] for w in spec["wheels"] if w["cuda"]]
+    pins = torch_pins(wheel_dir, wheels)  # reads every wheel: an unreadable one stops here, before any check
+    provided = spec["provided"]
     names = sorted({"torch", *(line.partition("==")[0] for line in provided)})
     node = probe_python(python or sys.executable, names)
-    driver = read_driver(library) if gpu != "off" and spec.get("archs") else {}
+    driver = read_driver(library) if gpu != "off" and spec["archs"] else {}
     results = [
         driver_check(driver, build.get("cuda", ""), gpu),
-        gpu_check(driver, list(spec.get("archs", [])), cuda_wheels, gpu),
+        gpu_check(driver, spec["archs"], cuda_wheels, gpu),
         glibc_check(wheels, build.get("glibc", ""), glibc_version()),
     ]
     if "error" in node:
@@ -417,8 +604,8 @@ def run(wheel_dir: str, *, python: str = "", gpu: str = "auto", library: str = "
             results.append(check(name, "FAIL", node["error"], "an interpreter to install into"))
         return results
     results.append(python_check(wheels, node))
-    results.append(torch_check(torch_pins(wheel_dir, wheels), build, node))
-    results.append(provided_check(provided, node))
+    results.append(torch_check(pins, build, node))
+    results.append(provided_check(provided, node, None if spec["format"] < 2 else needed_provided(spec), strict))
     return results
 
 
@@ -437,12 +624,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default="", help="the interpreter the wheels go into (default: this one)")
     parser.add_argument("--gpu", choices=("auto", "off"), default="auto", help="off: a node without GPUs")
     parser.add_argument("--json", default="", help="also write the report as JSON to this file")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="every provided distribution at its captured version, not only those the wheels need",
+    )
     args = parser.parse_args(argv)
     try:
-        results = run(args.wheels, python=args.python, gpu=args.gpu)
-    except (OSError, ValueError) as exc:
-        print(f"preflight: cannot read the wheelhouse's {SPEC_FILE} ({exc}); it comes with `doit wheels`",
-              file=sys.stderr)  # fmt: skip
+        results = run(args.wheels, python=args.python, gpu=args.gpu, strict=args.strict)
+    except (OSError, ValueError) as exc:  # Unreadable is a ValueError
+        text = exc.strerror + ": " + str(exc.filename) if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"preflight: cannot read the wheelhouse: {text} ({SPEC_FILE} and the wheels it names come with "
+              "`doit wheels`)", file=sys.stderr)  # fmt: skip
         return EXIT_UNREADABLE
     failed = [r for r in results if r["status"] == "FAIL"]
     sys.stdout.write(render(results))

@@ -158,20 +158,29 @@ def _top_level(dist: importlib.metadata.Distribution, files: list[str], location
     return sorted(names)
 
 
+def _under(path: str, dirs: Sequence[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+
+
 def _describe_dist(
-    name: str, version: str = "", foreign: Sequence[str] = (), allowed: Collection[str] = ()
+    name: str, version: str = "", foreign: Sequence[str] = (), allowed: Collection[str] = (), hide: Sequence[str] = ()
 ) -> dict[str, Any]:
     """The distribution ``name`` first on the path, or, with ``version``, the first copy of that version
-    (public part compared: ``2.11.0`` is ``2.11.0+cu130``)."""
-    try:
-        dist = importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        return {"found": False}
-    if version and dist.version.split("+")[0] != version.split("+")[0]:
-        for other in importlib.metadata.distributions(name=name):
-            if other.version.split("+")[0] == version.split("+")[0]:
-                dist = other
-                break
+    (public part compared: ``2.11.0`` is ``2.11.0+cu130``); a copy in one of the ``hide`` directories (the
+    verifying tool's own venv) is passed over, and named as ``hidden`` when it is the only one."""
+    dist, hidden = None, ""
+    for candidate in importlib.metadata.distributions(name=name):  # every copy, in the order of the path
+        where = os.path.realpath(str(candidate.locate_file("")))
+        if _under(where, hide):
+            hidden = hidden or where
+            continue
+        if dist is None:
+            dist = candidate
+        if not version or candidate.version.split("+")[0] == version.split("+")[0]:
+            dist = candidate
+            break
+    if dist is None:
+        return {"found": False, "hidden": hidden} if hidden else {"found": False}
     location = os.path.realpath(str(dist.locate_file("")))
     files = sorted({os.path.realpath(str(dist.locate_file(path))) for path in (dist.files or [])})
     return {
@@ -205,6 +214,7 @@ def info(request: dict[str, Any]) -> dict[str, Any]:
                 request.get("versions", {}).get(name, ""),
                 [os.path.realpath(d) for d in request.get("foreign", [])],
                 {_canonical(n) for n in request.get("allowed", [])},
+                [os.path.realpath(d) for d in request.get("hide", [])],
             )
             for name in request.get("dists", [])
         },

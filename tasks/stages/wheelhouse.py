@@ -7,7 +7,7 @@ provenance statement per wheel under ``provenance/``, and what a cluster node
 checks itself with before installing: ``preflight.py`` (a copy of
 tasks/outside/preflight.py, standard library only) and ``preflight.json`` (what the
 wheels need: the build's CUDA, torch and glibc, the target archs, the provided
-set). Every file is written atomically; stale wheels go.
+set and what each wheel needs of it). Every file is written atomically; stale wheels go.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ PREFLIGHT_SOURCE = Path(__file__).resolve().parents[1] / "outside" / "preflight.
 
 def preflight_spec(ctx: Context, records: list[WheelRecord]) -> dict[str, Any]:
     """What the wheels need of a node (read by tasks/outside/preflight.py there): the build's CUDA, torch and glibc,
-    the target archs, each wheel (with whether it carries device code), the provided set."""
+    the target archs, each wheel (with whether it carries device code, and the provided distributions it needs),
+    the provided set."""
     import os
     import platform
 
@@ -110,6 +111,7 @@ def preflight_spec(ctx: Context, records: list[WheelRecord]) -> dict[str, Any]:
         glibc = ""
     runtime = runtime_section(ctx)
     cuda_packages = {pkg.name for pkg in ctx.active if pkg.cuda}
+    needs, needs_from = _provided_needs(ctx, records)
     return {
         "format": preflight.SPEC_FORMAT,
         "archs": list(ctx.lock.toolchain.archs),
@@ -122,11 +124,28 @@ def preflight_spec(ctx: Context, records: list[WheelRecord]) -> dict[str, Any]:
             "machine": platform.machine(),
         },
         "provided": list(runtime["provided"]) if runtime else [],
+        "needs_from": needs_from,
         "wheels": [
-            {"filename": r.filename, "package": r.package, "cuda": r.package in cuda_packages, "origin": r.origin}
+            {"filename": r.filename, "package": r.package, "cuda": r.package in cuda_packages, "origin": r.origin,
+             "needs": needs.get(r.filename, [])}
             for r in sorted(records, key=lambda r: r.filename)
         ],
-    }
+    }  # fmt: skip
+
+
+def _provided_needs(ctx: Context, records: list[WheelRecord]) -> tuple[dict[str, list[str]], str]:
+    """filename -> the provided distributions each wheel needs (its Requires-Dist, followed through the provided
+    set's own requirements; none for a wheel installed without its dependencies), and where the provided set's
+    requirements were read."""
+    from tasks.env import closure
+
+    runtime = ctx.runtime
+    if runtime is None or not runtime.provided:
+        return {}, ""
+    base, source = closure.provided_requirements(runtime, ctx.lock.path.parent,
+                                                 log=ctx.settings.logs / "wheels-base.log")  # fmt: skip
+    requires = {r.filename: closure.requires_dist(ctx.settings.wheels / r.filename) for r in records if r.deps}
+    return closure.provided_needs(requires, base, closure.target_of(runtime)), source
 
 
 def assemble(ctx: Context) -> list[WheelRecord]:

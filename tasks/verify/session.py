@@ -134,6 +134,9 @@ class VerifySession:
         #: Distributions installed in this tool's own venv (not its base interpreter's, not provided): a
         #: requirement of theirs that the wheelhouse breaks is the tool's, not the target's.
         self.tool_own: set[str] = set()
+        #: The site directories of this tool's own venv, where the base interpreter sees them and they are not
+        #: the base (tasks/verify/venv.py ``apart``): no distribution there stands in for one of the base.
+        self.apart: list[str] = []
 
     def log(self, name: str) -> Path:
         """``<log_dir>/<name>.log``, emptied the first time this run asks."""
@@ -163,15 +166,17 @@ class VerifySession:
         versions: Mapping[str, str] | None = None,
         foreign: Sequence[str] = (),
         allowed: Sequence[str] = (),
+        hide: Sequence[str] = (),
     ) -> dict[str, Any] | Completed:
-        """What ``python`` has of ``dists``; where ``versions`` names one, the copy of that version on its path.
+        """What ``python`` has of ``dists``; where ``versions`` names one, the copy of that version on its path;
+        never a copy in one of the ``hide`` directories (this tool's own venv, where it is not the base).
 
         A requirement of theirs met only from one of the ``foreign`` directories (this tool's own venv), and
         not ``allowed`` (provided), counts as unmet (see tasks/outside/verify_runner.py)."""
         request = self.scratch / f"{log}.request.json"
         out = self.scratch / f"{log}.json"
         doc = {"dists": list(dists), "versions": dict(versions or {}), "foreign": list(foreign),
-               "allowed": list(allowed)}  # fmt: skip
+               "allowed": list(allowed), "hide": list(hide)}  # fmt: skip
         write_atomic(request, json.dumps(doc))
         out.unlink(missing_ok=True)
         done = self.run([str(python), str(RUNNER), "info", str(request), str(out)], log=log, timeout=TOOL_TIMEOUT_S)

@@ -6,14 +6,22 @@
 - :class:`IsolatedVenv` (``isolated=on``): a scratch venv that sees no site-packages of the base, only the
   distributions the lock's ``[runtime] provided`` names, and what they need, linked in from the base.
 - :class:`InstalledEnv`: no venv; the environment of ``python`` itself (the runtime image's).
+
+This tool's own venv (the checkout's ``.venv``, a ``--system-site-packages`` venv over the base, pipx's) holds
+the tool's pinned dependencies, which the base interpreter may see before its own copies: its site directories
+are kept apart (:func:`apart`): the isolated venv links nothing from them, the shared one sees them after the
+base's. They are the base only where the provided set itself is installed there (a checkout's venv into which
+torch was installed).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import shutil
 import sys
+import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -77,6 +85,45 @@ def _is_base_site(path: Path, base: Mapping[str, Any]) -> bool:
     return bool(root) and path.resolve().is_relative_to(Path(root).resolve())
 
 
+#: What a venv is made with, beside the tool: never a reason to count the tool's venv as the base.
+_VENV_SEEDS = frozenset({"pip", "setuptools", "wheel"})
+
+
+def tool_site_dirs() -> list[str]:
+    """The site directories of the venv this tool runs in (none outside a venv): where its own pinned
+    dependencies are installed."""
+    if sys.prefix == sys.base_prefix:
+        return []
+    paths = sysconfig.get_paths()
+    return sorted({os.path.realpath(paths[key]) for key in ("purelib", "platlib")})
+
+
+def apart(session: VerifySession, base: Mapping[str, Any]) -> tuple[list[str], str]:
+    """The site directories of this tool's own venv that the base interpreter sees and that are not the base,
+    with a note for the ``venv`` row: those the interpreter's path holds, unless the provided set (what of it is
+    not the tool's own, nor pip, setuptools or wheel) is installed there and nowhere else (torch installed into
+    a checkout's venv: that venv is then the base)."""
+    seen = {os.path.realpath(d) for d in [*base.get("site_dirs", []), *base.get("sys_path", [])]}
+    own = [d for d in tool_site_dirs() if d in seen]
+    if not own:
+        return [], ""
+    wanted = {_canonical(line.split("==")[0]): line.partition("==")[2] for line in session.provided}
+    if wanted:
+        found = session.runner_info(session.python, sorted(wanted), log="provided-where",
+                                    versions={n: v for n, v in wanted.items() if v}, hide=own)  # fmt: skip
+        if not isinstance(found, Completed):
+            tool = _tool_closure() | _VENV_SEEDS
+            dists = {n: d for n, d in found["dists"].items() if n not in tool}
+            only = sorted(n for n, d in dists.items() if d.get("hidden"))
+            if only and not any(d.get("found") for d in dists.values()):
+                return [], f"; this tool's venv {own[0]} holds {_some(only)} of the provided set: it is the base here"
+    return own, f"; this tool's own venv {own[0]} kept apart: none of its distributions stands in for the base's"
+
+
+def _some(names: list[str], most: int = 4) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def _make_venv(session: VerifySession, base: Mapping[str, Any]) -> Row:
     if session.venv.exists():
         shutil.rmtree(session.venv)
@@ -95,9 +142,10 @@ def _make_venv(session: VerifySession, base: Mapping[str, Any]) -> Row:
         session.pip = [session.python, "-m", "pip", "--python", str(session.venv_python)]
     if not done.ok:
         return Row(package="wheelhouse", check="venv", status="FAIL", detail=done.failure("python -m venv"))
+    session.apart, apart_note = apart(session, base)
     note = ""
     if session.isolated:
-        return _provide(session, base)
+        return _provide(session, base, apart_note)
     if base.get("in_venv"):
         # --system-site-packages reaches the *base* interpreter's packages, not
         # those of a venv we were started from; a .pth file makes them visible,
@@ -117,6 +165,8 @@ def _make_venv(session: VerifySession, base: Mapping[str, Any]) -> Row:
                 not _is_base_site(Path(d), base) and next(Path(d).glob("*.dist-info"), None) is not None
             ):
                 pth_dirs.append(d)
+        # This tool's own venv after every directory of the base: its pins never in front of the base's copies.
+        pth_dirs.sort(key=lambda d: os.path.realpath(d) in session.apart)
         for site_dir in _venv_site_dirs(session.venv):
             write_atomic(site_dir / "_repro_verify_base.pth", "".join(f"{d}\n" for d in pth_dirs))
         session.foreign = [str(d) for d in pth_dirs if not _is_base_site(Path(d), base)]
@@ -124,6 +174,7 @@ def _make_venv(session: VerifySession, base: Mapping[str, Any]) -> Row:
             provided = {_canonical(line.split("==")[0]) for line in session.provided}
             session.tool_own = _tool_closure() - provided
         note = f"; base venv {base.get('prefix')} visible through a .pth file (for what [runtime] provides only)"
+    note += apart_note
     return Row(
         package="wheelhouse",
         check="venv",
@@ -159,14 +210,19 @@ def _tool_closure() -> set[str]:
     return seen
 
 
-def _provide(session: VerifySession, base: Mapping[str, Any]) -> Row:
+def _provide(session: VerifySession, base: Mapping[str, Any], apart_note: str = "") -> Row:
     """Make the provided set visible in the isolated venv: each distribution's files, linked from the base
-    interpreter into one directory that a .pth file adds to the venv's path."""
-    wanted = [line.split("==")[0] for line in session.provided]  # "name==version", or "name": any version
+    interpreter into one directory that a .pth file adds to the venv's path; never a copy in this tool's own
+    venv (``session.apart``), whatever the base interpreter sees first.
+
+    A provided distribution the base lacks, or holds at another version, fails the row when a wheel needs it
+    (preflight.json's ``needs``, the rule of `doit preflight`); otherwise it is a note."""
+    lines = {_canonical(line.split("==")[0]): line for line in session.provided}  # "name==version", or "name"
+    wanted = list(lines)
     # The provided version wherever it is on the interpreter's path: doit's own venv may put another
     # copy (its pinned filelock, say) in front of the base's.
-    pinned = {line.split("==")[0]: line.split("==", 1)[1] for line in session.provided if "==" in line}
-    found = session.runner_info(session.python, wanted, log="provided-info", versions=pinned)
+    pinned = {name: line.split("==", 1)[1] for name, line in lines.items() if "==" in line}
+    found = session.runner_info(session.python, wanted, log="provided-info", versions=pinned, hide=session.apart)
     if isinstance(found, Completed):
         return Row(
             package="wheelhouse", check="venv", status="FAIL", detail=found.failure("inspecting the provided set")
@@ -176,20 +232,20 @@ def _provide(session: VerifySession, base: Mapping[str, Any]) -> Row:
     names = list(wanted)
     todo = [d for d in found["dists"].values() if d.get("found")]
     while todo:
-        more = {_requirement_name(r) for d in todo for r in d.get("requires", []) if "extra ==" not in r} - set(names)
+        more = {_canonical(_requirement_name(r)) for d in todo for r in d.get("requires", []) if "extra ==" not in r}
+        more -= set(names)
         if not more:
             break
-        extra = session.runner_info(session.python, sorted(more), log="provided-info")
+        extra = session.runner_info(session.python, sorted(more), log="provided-info", hide=session.apart)
         if isinstance(extra, Completed):
             break
         names += sorted(more)
         todo = [d for d in extra["dists"].values() if d.get("found")]
         found["dists"].update({k: v for k, v in extra["dists"].items() if v.get("found")})
-    missing = []
     shared = session.scratch / "provided"
     shutil.rmtree(shared, ignore_errors=True)
     shared.mkdir(parents=True)
-    for name in names[len(wanted) :]:
+    for name in names:  # the provided set first: where two hold one file, the first linked stays
         dist = found["dists"].get(name, {"found": False})
         if dist.get("found"):
             location = Path(dist["location"])
@@ -197,35 +253,55 @@ def _provide(session: VerifySession, base: Mapping[str, Any]) -> Row:
             for top in sorted(tops):
                 if not top.startswith(".."):
                     _link_merged(location / top, shared / top)
-    for line, name in zip(session.provided, wanted, strict=True):
+    needed = _needed(session)
+    missing, drift = [], []
+    for name, line in lines.items():
         dist = found["dists"].get(name, {"found": False})
         version = line.split("==", 1)[1] if "==" in line else ""
+        problem = ""
         if not dist.get("found"):
-            missing.append(f"{line} (not installed for {session.python})")
-            continue
-        if version and dist["version"].split("+")[0] != version.split("+")[0]:
-            missing.append(f"{line} (the base interpreter has {dist['version']})")
-        location = Path(dist["location"])
-        tops = {Path(f).relative_to(location).parts[0] for f in dist["files"] if Path(f).is_relative_to(location)}
-        for top in sorted(tops):
-            if not top.startswith(".."):
-                _link_merged(location / top, shared / top)
+            elsewhere = "; this tool's own venv has one, which does not count" if dist.get("hidden") else ""
+            problem = f"{line} (not installed for {session.python}{elsewhere})"
+        elif version and dist["version"].split("+")[0] != version.split("+")[0]:
+            problem = f"{line} (the base interpreter has {dist['version']})"
+        if problem and (needed is None or name in needed):
+            missing.append(problem + (f" needed by {_some(needed[name], 2)}" if needed and needed[name] else ""))
+        elif problem:
+            drift.append(problem)
     for site_dir in _venv_site_dirs(session.venv):
         write_atomic(site_dir / "_repro_provided.pth", f"{shared}\n")
+    note = ""
+    if drift:
+        note = (f"; note: {_n(len(drift), 'distribution')} of the captured base that no wheel needs differ: "
+                f"{'; '.join(drift[:6])}{' ...' if len(drift) > 6 else ''}")  # fmt: skip
     if missing:
         return Row(
             package="wheelhouse",
             check="venv",
             status="FAIL",
-            detail="the target must provide, but the base interpreter lacks: " + "; ".join(missing),
+            detail="the target must provide, and the wheels need, but the base interpreter lacks: "
+            + "; ".join(missing)
+            + note,
         )
     return Row(
         package="wheelhouse",
         check="venv",
         status="PASS",
         detail=f"{session.venv}: isolated (no system site-packages), sees {_n(len(wanted), 'provided distribution')}"
-        f" and the {_n(len(names) - len(wanted), 'distribution')} they need",
+        f" and the {_n(len(names) - len(wanted), 'distribution')} they need{apart_note}{note}",
     )
+
+
+def _needed(session: VerifySession) -> dict[str, list[str]] | None:
+    """canonical name -> the wheels that need that provided distribution, from the wheelhouse's preflight.json
+    (read as the node's checker reads it); None (every provided distribution needed) without one of format 2."""
+    from tasks.outside import preflight
+
+    try:
+        spec = preflight.load_spec(str(session.wheel_dir))
+    except (OSError, ValueError):
+        return None
+    return preflight.needed_provided(spec) if spec["format"] >= 2 else None
 
 
 def _requirement_name(line: str) -> str:

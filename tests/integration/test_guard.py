@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shutil
+import site as site_module
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -105,6 +107,10 @@ def test_preflight_checks_the_node_against_the_wheelhouse_it_ships_in(workspace:
     assert report["ok"] is False and [c["check"] for c in report["checks"] if c["status"] == "FAIL"] == ["driver"]
     assert "PreflightFailed: this node cannot take the wheels" in res.stderr
     assert ws.doit("preflight", "profile=guard", "gpu=off").returncode == 0
+    assert spec["format"] == 2 and spec["provided"] == ["torch"], spec
+    assert {w["package"]: w["needs"] for w in spec["wheels"]}["repro_torchext"] == ["torch"], spec
+    res = ws.doit("preflight", "profile=guard", "gpu=off", "--strict")  # every provided distribution: torch
+    assert "needed: every provided distribution (1) at its captured version (--strict)" in res.stdout, res.stdout
 
     # On a node: the shipped copy alone, outside any checkout, under an isolated interpreter.
     node = tmp_path / "node"
@@ -129,11 +135,13 @@ HUB_WHEELS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
 }
 
 
-def _hub_index(published: Path, dest: Path) -> Path:
-    """The published fixtures plus the hub projects, on one index."""
+def _hub_index(
+    published: Path, dest: Path, wheels: dict[str, dict[str, tuple[tuple[str, ...], str]]] = HUB_WHEELS
+) -> Path:
+    """The published fixtures plus the hub projects (or ``wheels``), on one index."""
     shutil.copytree(published, dest)
     projects: dict[str, dict[str, str]] = {}
-    for project, versions in {**RUNTIME_WHEELS, **HUB_WHEELS}.items():
+    for project, versions in {**RUNTIME_WHEELS, **wheels}.items():
         for version, (requires, code) in versions.items():
             name, digest = write_wheel(dest / "packages", project, version, requires, code)
             projects.setdefault(project, {})[name] = digest
@@ -311,6 +319,106 @@ def test_plain_verify_does_not_count_the_tools_own_venv(tmp_path: Path, publishe
     assert re.search(r"unmet: tomlkit \(only in \S+, the verifying tool's own environment", failed["detail"]), failed
     assert "The lock's [runtime]: add what is missing" in res.stderr
     assert "recipe or patches" not in res.stderr
+
+
+# The typing-extensions case of issue 38, in small: the base holds repro-typing 4.16.0, with repro-torchy that
+# needs it and repro-inspect that names it repro_typing; this tool's own venv holds 4.15.0 (its pin), first on the
+# path; the closure's repro-pydant needs >=4.16.0. The base also holds repro-uvlike, which nothing needs.
+TYPING_WHEELS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
+    "repro-typing": {"4.15.0": ((), "V = 15\n"), "4.16.0": ((), "V = 16\n")},
+    "repro-torchy": {"1.0.0": (("repro-typing>=4.10",), "T = 1\n")},
+    "repro-inspect": {"0.9.0": (("repro_typing>=3.7",), "I = 1\n")},
+    "repro-pydant": {"2.14.4": (("repro-typing>=4.16.0",), "P = 1\n")},
+    "repro-uvlike": {"0.11.15": ((), "U = 1\n")},
+}
+
+
+def _site_of(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return Path(out.stdout.strip())
+
+
+def _tool_venv(root: Path, index: Path, base: Path) -> Path:
+    """This tool installed in a venv of its own that sees the base (as on the GPU host: a .pth line naming the
+    base's site-packages), holding repro-typing 4.15.0, its own pin, in front of the base's copy."""
+    venv.EnvBuilder(with_pip=False).create(root)
+    python = root / "bin" / "python"
+    site = _site_of(python)
+    with zipfile.ZipFile(next((index / "packages").glob("repro_typing-4.15.0-*.whl"))) as zf:
+        zf.extractall(site)
+    # The base, then the tool's code and what it runs with (this interpreter's site directories).
+    tool = [str(_site_of(base)), str(REPO), sysconfig.get_paths()["purelib"], *site_module.getsitepackages()]
+    (site / "zz-base-and-tool.pth").write_text("".join(f"{line}\n" for line in tool))
+    return python
+
+
+def _verify_from(tool: Path, wheels: Path, work: Path, *, isolated: bool) -> dict[tuple[str, str], dict[str, str]]:
+    """`doit verify` (its verify_wheelhouse) run by the tool installed in ``tool``'s venv: the report's rows."""
+    code = (
+        "import sys; from pathlib import Path; from tasks.verify.checks import verify_wheelhouse; "
+        "verify_wheelhouse(Path(sys.argv[1]), Path(sys.argv[2]), gpu='off', isolated=sys.argv[3] == 'on')"
+    )
+    res = subprocess.run([str(tool), "-c", code, str(wheels), str(work), "on" if isolated else "off"],
+                         capture_output=True, text=True, check=False, cwd=work.parent, timeout=900)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads((work / "report.json").read_text())["rows"]
+    return {(r["package"], r["check"]): r for r in rows}
+
+
+def test_verify_never_takes_the_tools_own_copy_for_the_bases(tmp_path: Path, published: Path) -> None:
+    """Isolated verify sees the base's provided set and the wheelhouse, never a distribution of this tool's own
+    venv, though the base interpreter sees the tool's older pin first; the plain verify's pip check likewise.
+    A base distribution no wheel needs, gone from the node, is a note; a needed one gone fails, naming it."""
+    index = _hub_index(published, tmp_path / "served", TYPING_WHEELS)
+    base_dists = ("repro-typing==4.16.0", "repro-torchy==1.0.0", "repro-inspect==0.9.0", "repro-uvlike==0.11.15")
+    base = _base(tmp_path / "base", index, *base_dists)
+    with FixtureServer(index) as srv:
+        ws = make_workspace(tmp_path / "ws", tmp_path / "cache", srv.url)
+        _runtime(ws, f'requirements = ["repro-pydant", "repro-colors"]\nbase_python = "{base}"\n')
+        ws.doit("lock")
+        runtime = load_lock(ws.lock, require_pins=False).runtime
+        assert runtime is not None and dict(runtime.provided)["repro-typing"] == "4.16.0"
+        assert "repro-typing" not in {p.name for p in runtime.resolved}  # the base's, not the closure's
+        ws.doit("wheels", "profile=pure")
+    needs = {w["package"]: w["needs"] for w in json.loads((ws.wheels / "preflight.json").read_text())["wheels"]}
+    assert needs["repro-pydant"] == ["repro-typing"] and needs["repro_pure"] == [], needs
+    assert _pip(base, "uninstall", "-y", "repro-uvlike").returncode == 0  # the node lacks what nothing needs
+    tool = _tool_venv(tmp_path / "tool", index, base)
+    seen = subprocess.run([str(tool), "-c", "import repro_typing; print(repro_typing.V)"], capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert seen.stdout.strip() == "15"  # the tool's pin is what its interpreter imports
+
+    rows = _verify_from(tool, ws.wheels, tmp_path / "isolated", isolated=True)
+    failed = {k: r["detail"] for k, r in rows.items() if r["status"] == "FAIL"}
+    assert not failed, failed
+    assert rows[("closure", "deps")]["status"] == "PASS" and rows[("wheelhouse", "pip-check")]["status"] == "PASS"
+    venv_row = rows[("wheelhouse", "venv")]["detail"]
+    assert f"this tool's own venv {_site_of(tool).resolve()} kept apart" in venv_row, venv_row
+    assert "note: 1 distribution of the captured base that no wheel needs differ: repro-uvlike==0.11.15 (not " \
+        "installed for" in venv_row, venv_row  # fmt: skip
+
+    rows = _verify_from(tool, ws.wheels, tmp_path / "shared", isolated=False)
+    failed = {k: r["detail"] for k, r in rows.items() if r["status"] == "FAIL"}
+    assert not failed, failed
+    assert rows[("wheelhouse", "pip-check")]["status"] == "PASS" and rows[("closure", "deps")]["status"] == "PASS"
+
+    preflight = [sys.executable, "-I", str(ws.wheels / "preflight.py"), "--gpu", "off", "--python", str(base)]
+    res = subprocess.run(preflight, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "which no wheel needs: repro-uvlike not installed" in res.stdout, res.stdout
+
+    assert _pip(base, "uninstall", "-y", "repro-typing").returncode == 0  # now the node lacks a needed one
+    res = subprocess.run(preflight, capture_output=True, text=True, check=False)
+    assert res.returncode == 21, res.stdout + res.stderr
+    assert "-- repro-typing not installed (needed by repro_pydant-2.14.4-py3-none-any.whl)" in res.stdout, res.stdout
+    rows = _verify_from(tool, ws.wheels, tmp_path / "lacking", isolated=True)
+    venv_row = rows[("wheelhouse", "venv")]
+    assert venv_row["status"] == "FAIL", venv_row
+    assert "the wheels need, but the base interpreter lacks: repro-typing==4.16.0 (not installed for " in \
+        venv_row["detail"], venv_row  # fmt: skip
+    assert "this tool's own venv has one, which does not count) needed by repro_pydant-2.14.4" in \
+        venv_row["detail"], venv_row  # fmt: skip
 
 
 def test_a_runtime_without_requirements_or_python_takes_the_wheels_requirements(workspace: Workspace) -> None:

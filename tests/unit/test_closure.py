@@ -9,7 +9,7 @@ from make_fixtures import write_wheel
 
 from tasks.core.errors import VerificationError
 from tasks.core.treehash import file_sha256
-from tasks.env.closure import Pin, Target, fetch, unmet
+from tasks.env.closure import Pin, Target, fetch, provided_needs, unmet
 
 TARGET = Target("3.11")
 
@@ -30,6 +30,33 @@ def test_unmet_names_each_requirement_with_what_the_closure_has() -> None:
         "repro-missing>=1 (not in the closure)",
         "odd>=1 (the closure has x!)",
     ]
+
+
+def test_each_wheel_needs_what_it_requires_of_the_provided_set_and_what_that_requires() -> None:
+    """What preflight.json records per wheel: the provided distributions its requirements name, followed through
+    their own (the base capture's), with the extras asked for and the markers of the target; nothing else of
+    the base (uv), and nothing a marker leaves out."""
+    base = {
+        "torch": ["filelock", "typing-extensions>=4.10.0", "sympy>=1.13", 'triton==3.6.0; platform_system == "Linux"',
+                  'optree>=0.13.0; extra == "optree"', 'pywin; platform_system == "Windows"'],
+        "sympy": ["mpmath<1.4,>=1.1.0"],
+        "mpmath": [], "filelock": [], "typing-extensions": [], "triton": [], "optree": ["typing_extensions"],
+        "uv": [], "pywin": [],
+    }  # fmt: skip
+    requires = {
+        "te.whl": ["torch==2.11.0", "pydantic", "einops"],  # pydantic, einops: the closure's, not provided
+        "pydantic.whl": ["typing_extensions>=4.14", "annotated-types"],
+        "opt.whl": ["torch[optree]>=2"],
+        "legacy.whl": ["sympy; python_version < '3'"],
+        "none.whl": [],
+    }
+    assert provided_needs(requires, base, TARGET) == {
+        "te.whl": ["filelock", "mpmath", "sympy", "torch", "triton", "typing-extensions"],
+        "pydantic.whl": ["typing-extensions"],
+        "opt.whl": ["filelock", "mpmath", "optree", "sympy", "torch", "triton", "typing-extensions"],
+        "legacy.whl": [],
+        "none.whl": [],
+    }
 
 
 def test_a_stored_closure_wheel_is_checked_again_and_a_changed_one_fetched_again(

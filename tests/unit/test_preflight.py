@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -75,8 +76,11 @@ def target(
     return env / "bin" / "python"
 
 
-def house(tmp: Path, *, wheels: list[tuple[str, str, bool]], torch_pin: str = "", **spec: Any) -> Path:
-    """A wheelhouse: (project, tag, cuda) wheels, the shipped checker and preflight.json (``spec`` over defaults)."""
+def house(
+    tmp: Path, *, wheels: list[tuple[str, str, bool]], torch_pin: str = "", needs: tuple[str, ...] = (), **spec: Any
+) -> Path:
+    """A wheelhouse: (project, tag, cuda) wheels, each needing ``needs`` of the provided set, the shipped checker and
+    preflight.json (``spec`` over defaults)."""
     out = tmp / "wheels"
     out.mkdir(parents=True)
     shutil.copy(SOURCE, out / "preflight.py")
@@ -84,7 +88,8 @@ def house(tmp: Path, *, wheels: list[tuple[str, str, bool]], torch_pin: str = ""
     for project, tag, cuda in wheels:
         raw = make_wheel(tmp / "raw", project, "0.1.0", tag, {f"{project}/__init__.py": b""})
         normalize_wheel(raw, out / raw.name, requires=[f"torch=={torch_pin}"] if torch_pin else [])
-        entries.append({"filename": raw.name, "package": project, "cuda": cuda, "origin": "built"})
+        entries.append({"filename": raw.name, "package": project, "cuda": cuda, "origin": "built",
+                        "needs": list(needs)})  # fmt: skip
     doc: dict[str, Any] = {
         "format": preflight.SPEC_FORMAT,
         "archs": ["sm_90a"],
@@ -102,8 +107,10 @@ def house(tmp: Path, *, wheels: list[tuple[str, str, bool]], torch_pin: str = ""
     return out
 
 
-def run(wheels: Path, python: Path | None, driver: Path | None, **env: str) -> tuple[int, str, dict[str, Any]]:
-    """The shipped checker as a node runs it; (exit status, output, JSON report)."""
+def run(
+    wheels: Path, python: Path | None, driver: Path | None, *args: str, **env: str
+) -> tuple[int, str, dict[str, Any]]:
+    """The shipped checker as a node runs it, with ``args``; (exit status, output, JSON report)."""
     variables = {k: v for k, v in os.environ.items() if not k.startswith(("REPRO_", "FAKE_CUDA"))}
     variables["LD_LIBRARY_PATH"] = str(driver) if driver else ""
     if driver is None:
@@ -111,7 +118,7 @@ def run(wheels: Path, python: Path | None, driver: Path | None, **env: str) -> t
     variables.update(env)
     report = wheels.parent / "report.json"
     argv = [sys.executable, "-I", str(wheels / "preflight.py"), "--json", str(report)]
-    res = subprocess.run([*argv, *(["--python", str(python)] if python else [])], capture_output=True, text=True,
+    res = subprocess.run([*argv, *args, *(["--python", str(python)] if python else [])], capture_output=True, text=True,
                          env=variables, cwd=wheels.parent, stdin=subprocess.DEVNULL, check=False)  # fmt: skip
     doc = json.loads(report.read_text()) if report.is_file() else {}
     return res.returncode, res.stdout + res.stderr, doc
@@ -241,18 +248,125 @@ def test_a_pin_without_a_local_label_takes_pypis_cuda_torch_as_pip_does(tmp_path
             assert "version" not in line(out, "torch").split("--")[-1], out
 
 
-def test_the_installed_packages_against_the_provided_set(tmp_path: Path) -> None:
-    wheels = house(tmp_path, wheels=[("pure", "py3-none-any", False)], archs=[],
-                   provided=["triton==3.6.0", "nvidia-nccl"])  # fmt: skip
-    code, out, _doc = run(wheels, target(tmp_path / "ok", torch=None, dists={"triton": "3.6.0", "nvidia-nccl": "2"}),
-                         None)  # fmt: skip
-    assert code == 0 and "found: triton 3.6.0; nvidia-nccl 2" in line(out, "provided"), out
+def test_the_provided_set_fails_only_on_what_the_wheels_need(tmp_path: Path) -> None:
+    """The captured base holds uv, which no wheel needs: a node without it passes, with a note (issue 38: a GPU
+    node was refused for it). A node lacking, or holding another version of, what a wheel needs fails, naming
+    it and the wheel; --strict asks every provided distribution, as the format 1 description did."""
+    provided = ["triton==3.6.0", "nvidia-nccl", "uv==0.11.15"]
+    wheels = house(tmp_path, wheels=[("pure", "py3-none-any", False)], archs=[], provided=provided,
+                   needs=("triton", "nvidia-nccl"))  # fmt: skip
+    node = target(tmp_path / "ok", torch=None, dists={"triton": "3.6.0", "nvidia-nccl": "2"})
+    code, out, doc = run(wheels, node, None)
+    assert code == 0, out
+    said = line(out, "provided")
+    assert said.startswith("PASS  provided  found: triton 3.6.0, nvidia-nccl 2; needed: the 2 of the 3 provided"), said
+    assert "note: 1 other difference from the captured base, which no wheel needs: uv not installed" in said, said
+    assert status(doc, "provided") == "PASS" and doc["ok"] is True
+
+    code, out, doc = run(wheels, node, None, "--strict")  # exact equality with the captured base
+    assert code == 21 and "-- uv not installed" in line(out, "provided"), out
+
     code, out, _doc = run(wheels, target(tmp_path / "bad", torch=None, dists={"triton": "3.5.0"}), None)
-    assert code == 21 and "triton is 3.5.0, not 3.6.0; nvidia-nccl not installed" in line(out, "provided")
+    assert code == 21, out
+    assert (
+        "-- triton is 3.5.0, not 3.6.0 (needed by pure-0.1.0-py3-none-any.whl); nvidia-nccl not installed "
+        "(needed by pure-0.1.0-py3-none-any.whl); note: 1 other difference"
+    ) in line(out, "provided"), out
+
+    spec = json.loads((wheels / "preflight.json").read_text())  # what an older wheelhouse says: no needs
+    spec["format"] = 1
+    for wheel in spec["wheels"]:
+        del wheel["needs"]
+    (wheels / "preflight.json").write_text(json.dumps(spec))
+    code, out, _doc = run(wheels, node, None)
+    assert code == 21 and "(format 1) -- uv not installed" in line(out, "provided"), out
 
 
 def test_a_wheelhouse_without_its_description_is_exit_status_10(tmp_path: Path) -> None:
     shutil.copy(SOURCE, tmp_path / "preflight.py")
     res = subprocess.run([sys.executable, "-I", str(tmp_path / "preflight.py")], capture_output=True, text=True,
                          check=False)  # fmt: skip
-    assert res.returncode == 10 and "cannot read the wheelhouse's preflight.json" in res.stderr
+    assert res.returncode == 10 and "cannot read the wheelhouse: No such file or directory: " in res.stderr
+
+
+def _unreadable(wheels: Path) -> str:
+    """The shipped checker on ``wheels``, as a node runs it, under a 1 GiB address space and a minute: what it
+    says on stderr, after checking that it is exit status 10 and one line (a checker that reads /dev/zero to its
+    end dies of MemoryError here, one that waits on a fifo is stopped)."""
+    cmd = f"ulimit -v 1048576; exec {shlex.quote(sys.executable)} -I {shlex.quote(str(wheels / 'preflight.py'))}"
+    try:
+        res = subprocess.run(["bash", "-c", cmd + " --gpu off"], capture_output=True, text=True, timeout=120,
+                             stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"preflight on {wheels} did not return in 120 s") from None
+    assert res.returncode == 10, (res.returncode, res.stdout, res.stderr)
+    assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("preflight: cannot read the wheelhouse: "), res.stderr
+    return res.stderr
+
+
+SHAPES = {
+    "a list": ("[]", "not a JSON object but list"),
+    "a string": ('"preflight"', "not a JSON object but str"),
+    "format as text": ('{"format": "2"}', "format '2', this checker reads 1, 2"),
+    "format true": ('{"format": true}', "format True"),
+    "wheels an object": ('{"format": 2, "wheels": {"a.whl": {}}}', "wheels is not a list"),
+    "a wheel a string": ('{"format": 2, "wheels": ["a-1-py3-none-any.whl"]}', "wheels[0] is not an object"),
+    "a wheel /dev/zero": ('{"format": 2, "wheels": [{"filename": "/dev/zero"}]}',
+                          "wheels[0].filename '/dev/zero' is not the file name of a wheel in the wheelhouse"),
+    "a wheel out of it": ('{"format": 2, "wheels": [{"filename": "../../x-1-py3-none-any.whl"}]}',
+                          "is not the file name of a wheel"),
+    "needs a string": ('{"format": 2, "wheels": [{"filename": "x-1-py3-none-any.whl", "needs": "torch"}]}',
+                       "wheels[0].needs is not a list of strings"),
+    "provided numbers": ('{"format": 2, "provided": [1]}', "provided is not a list of strings"),
+    "provided a command": ('{"format": 2, "provided": ["torch; rm -rf /"]}', "is not 'name==version' or 'name'"),
+    "build a list": ('{"format": 2, "build": []}', "build is not an object"),
+    "cuda a number": ('{"format": 2, "build": {"cuda": 13}}', "build.cuda is not a string"),
+    "archs a string": ('{"format": 2, "archs": "sm_90a"}', "archs is not a list of strings"),
+    "nested archs": ('{"format": 2, "archs": ' + "[" * 100_000 + "]" * 100_000 + "}", "is nested too deeply"),
+    "nested, cut short": ("[" * 1_000_000, "is nested too deeply"),
+    "cut short": ('{"format": 2,', "is not JSON"),
+    "not UTF-8": ("\udcff", "is not JSON"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_description_of_another_shape_is_one_line_and_exit_status_10(tmp_path: Path, shape: str) -> None:
+    text, said = SHAPES[shape]
+    wheels = house(tmp_path, wheels=[], archs=[])
+    (wheels / "preflight.json").write_text(text, errors="surrogateescape")
+    assert said in _unreadable(wheels)
+
+
+def test_a_fifo_or_a_device_in_the_wheelhouse_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """The checker reads regular files only, and bounded: a fifo (no writer: an open would wait for ever), a link
+    to /dev/zero (a read to its end never ends) or a file larger than the bound, as preflight.json or as a
+    wheel it names, is refused in one line, before it is read."""
+    wheels = house(tmp_path, wheels=[("pure", "py3-none-any", False)], archs=[])
+    (wheel,) = wheels.glob("*.whl")
+    spec = wheels / "preflight.json"
+    spec.rename(wheels / "spec.json")
+    os.mkfifo(spec)
+    assert f"{spec} is a fifo, not a regular file" in _unreadable(wheels)
+    spec.unlink()
+    spec.symlink_to("/dev/zero")
+    assert f"{spec} is a character device, not a regular file" in _unreadable(wheels)
+    spec.unlink()
+    with open(spec, "wb") as fh:  # sparse: larger than the bound, no disk used
+        fh.truncate(preflight.MAX_SPEC_BYTES + 1)
+    assert f"{spec} is larger than {preflight.MAX_SPEC_BYTES} bytes" in _unreadable(wheels)
+    spec.unlink()
+    (wheels / "spec.json").rename(spec)
+
+    wheel.unlink()
+    os.mkfifo(wheel)
+    assert f"{wheel} is a fifo, not a regular file" in _unreadable(wheels)
+    wheel.unlink()
+    wheel.symlink_to("/dev/zero")
+    assert f"{wheel} is a character device, not a regular file" in _unreadable(wheels)
+    wheel.unlink()
+    wheel.mkdir()
+    assert f"{wheel} is a directory, not a regular file" in _unreadable(wheels)
+    wheel.rmdir()
+    wheel.write_bytes(b"not a zip")
+    assert f"{wheel} is not a readable wheel (BadZipFile" in _unreadable(wheels)
