@@ -338,8 +338,3 @@ def test_the_training_check_fails_naming_a_package_hidden_from_the_venv(tmp_path
     rows = by_check(train_rows(session))
     print(describe(rows))
     assert {r.status for r in rows.values()} == {"FAIL"} and all(hidden in r.detail for r in rows.values())
-
-
-def test_the_module_s_own_numbers_are_what_the_docs_say() -> None:
-    text = (REPO / "docs" / "tasks.md").read_text()
-    assert f"{TRAIN_TIMEOUT_S:g} s" in text and "train=on" in text

@@ -272,3 +272,13 @@ def test_nothing_reported_fails_every_row() -> None:
     rows = judge({}, {}, _launch())
     assert [r.status for r in rows] == ["FAIL"] * len(CHECKS)
     assert rows[0].detail.startswith("torchrun ended (exit status 0) with ranks 0, 1 unfinished")
+
+
+def test_the_docs_state_the_check_s_own_numbers() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    tasks, stack = (docs / "tasks.md").read_text(), (docs / "real-stack.md").read_text()
+    assert f"stopped after {train.TRAIN_TIMEOUT_S:g} s" in tasks and "| `train` | `REPRO_TRAIN` | `off` |" in tasks
+    assert f"the last loss is at most {train.LOSS_FALLS_TO:g} of the first" in stack
+    assert f"within {train.FP8_TOLERANCE:g} × the first bf16 loss" in stack
+    assert f"the timeout ({train.TRAIN_TIMEOUT_S:g} s)" in stack and f"{train_gpt.STEPS} steps in bf16" in stack
+    assert all(f"`{check}`" in stack for check in CHECKS)
