@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tasks.outside import train_gpt
-from tasks.verify import train
+from tasks.verify import checks, train
 from tasks.verify.report import Row
 from tasks.verify.train import CHECKS, Launch, judge, missing_rows, read_ranks
 
@@ -282,3 +282,9 @@ def test_the_docs_state_the_check_s_own_numbers() -> None:
     assert f"within {train.FP8_TOLERANCE:g} × the first bf16 loss" in stack
     assert f"the timeout ({train.TRAIN_TIMEOUT_S:g} s)" in stack and f"{train_gpt.STEPS} steps in bf16" in stack
     assert all(f"`{check}`" in stack for check in CHECKS)
+
+
+def test_the_closing_advice_points_at_the_ranks_logs() -> None:
+    said = checks.advice([Row(package="training", check="train-launch", status="FAIL", detail="rank 1 failed")])
+    assert said.startswith("The training check (train=on)") and "train.rank<R>.log" in said
+    assert "recipe" not in said  # a failed training row is not, by itself, a wheel's recipe
