@@ -19,7 +19,8 @@ below), ``fail`` (run, step, error: what stopped this rank, and where), ``done``
 
 The model (:class:`GptWorkload`): megatron_core's ``GPTModel`` with its TransformerEngine layer spec
 (``get_gpt_decoder_block_spec``): 4 layers, hidden 512, 4 heads of 128 (the head dimension every FlashAttention 3
-build of the lock has), rope, swiglu; every other layer MoE, 2 experts per rank of expert parallelism, top-2,
+build of the lock has), rope, swiglu; every other layer MoE, 4 experts (2 per rank where expert parallelism
+spreads them wider), top-2,
 alltoall dispatch, experts on grouped_gemm (``moe_grouped_gemm`` with megatron_core's ``GroupedMLP``, which
 calls ``grouped_gemm.ops.gmm``; its ``TEGroupedMLP`` would run TE's own grouped GEMM instead); q/k layer norms
 are megatron_core's ``FusedLayerNorm`` on apex's ``fused_layer_norm_cuda`` (with TE installed, megatron_core
@@ -87,7 +88,7 @@ RUNS = ("bf16", "fp8")
 SEED = 1234
 VOCAB, SEQ, BATCH = 1024, 256, 4
 LAYERS, HIDDEN, HEADS, FFN, MOE_FFN = 4, 512, 4, 1024, 512
-LOCAL_EXPERTS, TOPK = 2, 2
+MIN_EXPERTS, LOCAL_EXPERTS, TOPK = 4, 2, 2
 LR = 1e-3
 PROFILE_STEP = 3  # the step whose CUDA kernels are listed (evidence only)
 COLLECTIVE_TIMEOUT_S = 300
@@ -118,7 +119,8 @@ KERNELS = {
 
 def parallel_layout(world: int) -> dict[str, int]:
     """The parallel layout for ``world`` ranks: tensor parallel 2 where the world is even, expert parallel across
-    the rest (each expert whole on its rank), two experts per expert-parallel rank.
+    the rest (each expert whole on its rank); 4 experts, or 2 per expert-parallel rank where that is more (a
+    grouped GEMM of more than one group on every rank, top-2 routing that chooses).
 
     4 GPUs: TP=2, EP=2, DP=2; 2 GPUs: TP=2, EP=1; 1 GPU: all 1.
     """
@@ -133,7 +135,7 @@ def parallel_layout(world: int) -> dict[str, int]:
         "etp": 1,
         "dp": world // tp,
         "edp": world // ep,
-        "experts": LOCAL_EXPERTS * ep,
+        "experts": max(MIN_EXPERTS, LOCAL_EXPERTS * ep),
     }
 
 

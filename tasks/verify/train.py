@@ -44,8 +44,11 @@ STEPS = 20
 RUNS = ("bf16", "fp8")
 #: Each run's last loss at most this fraction of its first.
 LOSS_FALLS_TO = 0.7
-#: At every step, |fp8 loss - bf16 loss| at most this fraction of the bf16 run's first loss.
-FP8_TOLERANCE = 0.05
+#: At every step, |fp8 loss - bf16 loss| at most this fraction of the bf16 run's first loss. The loss falls by
+#: up to half a nat a step in the middle of the runs (from about 7 to below 1: a dense model of this size on
+#: this data, measured on a CPU in float32), so a step's lag is about 0.07 of the first loss; an FP8 path that
+#: does not train (a wrong scale, garbage GEMMs) stays near the first loss, far outside.
+FP8_TOLERANCE = 0.1
 #: Ranks report the data-parallel average of the loss: they agree to this relative difference.
 RANKS_AGREE = 1e-5
 #: Seconds a rank has to exit after torchrun ended before it counts as a stray (and is stopped).
