@@ -165,7 +165,7 @@ class Reporter:
         self._fh = path.open("a", encoding="utf-8", buffering=1)
 
     def __call__(self, event: str, **fields: Any) -> None:
-        self._fh.write(json.dumps({"event": event, "rank": self.rank, "t": round(time.time(), 3), **fields}) + "\n")
+        self._fh.write(json.dumps({"event": event, "rank": self.rank, "t": round(time.time(), 6), **fields}) + "\n")
         self._fh.flush()
 
 

@@ -121,6 +121,7 @@ def train_rows(
     of it (a stand-in that imports it, for the tests); ``args``: more arguments for the script."""
     work = session.scratch / "train"
     rmtree(work)
+    (session.work_dir / "train.json").unlink(missing_ok=True)  # an earlier run's figures are not this one's
     work.mkdir(parents=True)
     script = work / TRAIN_SCRIPT.name
     shutil.copyfile(TRAIN_SCRIPT, script)
