@@ -56,18 +56,6 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_HEADERS = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
 
 
-def _have_gpu() -> bool:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    listed = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-    return listed.returncode == 0 and any(line.startswith("GPU ") for line in listed.stdout.splitlines())
-
-
-#: An NVIDIA GPU: tests marked ``gpu`` skip without one, in CI too (CI's machines have none).
-HAVE_GPU = _have_gpu()
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") and not HAVE_GPU:
@@ -92,6 +80,18 @@ def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=False)
+
+
+def _have_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    listed = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return listed.returncode == 0 and any(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+#: An NVIDIA GPU: tests marked ``gpu`` skip without one, in CI too (CI's machines have none).
+HAVE_GPU = _have_gpu()
 
 
 def require(message: str) -> NoReturn:
