@@ -20,8 +20,8 @@ below), ``fail`` (run, step, error: what stopped this rank, and where), ``done``
 The model (:class:`GptWorkload`): megatron_core's ``GPTModel`` with its TransformerEngine layer spec
 (``get_gpt_decoder_block_spec``): 4 layers, hidden 512, 4 heads of 128 (the head dimension every FlashAttention 3
 build of the lock has), rope, swiglu; every other layer MoE, 4 experts (2 per rank where expert parallelism
-spreads them wider), top-2, alltoall dispatch, experts on grouped_gemm (``moe_grouped_gemm`` with megatron_core's ``GroupedMLP``, which
-calls ``grouped_gemm.ops.gmm``; its ``TEGroupedMLP`` would run TE's own grouped GEMM instead); q/k layer norms
+spreads them wider), top-2, alltoall dispatch, experts on grouped_gemm (``moe_grouped_gemm`` with
+megatron_core's ``GroupedMLP``, which calls ``grouped_gemm.ops.gmm``; its ``TEGroupedMLP`` would run TE's own grouped GEMM instead); q/k layer norms
 are megatron_core's ``FusedLayerNorm`` on apex's ``fused_layer_norm_cuda`` (with TE installed, megatron_core
 0.14 takes Adam and its multi-tensor kernels from TE, not apex: its layer norm is where it still uses apex);
 attention on TE's ``DotProductAttention`` with only FlashAttention allowed (``attention_backend=flash``); bf16
