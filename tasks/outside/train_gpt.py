@@ -19,19 +19,19 @@ below), ``fail`` (run, step, error: what stopped this rank, and where), ``done``
 
 The model (:class:`GptWorkload`): megatron_core's ``GPTModel`` with its TransformerEngine layer spec
 (``get_gpt_decoder_block_spec``): 4 layers, hidden 512, 4 heads of 128 (the head dimension every FlashAttention 3
-build of the lock has), rope, swiglu; every other layer MoE, 4 experts (2 per rank where expert parallelism
-spreads them wider), top-2, alltoall dispatch, experts on grouped_gemm (``moe_grouped_gemm`` with
-megatron_core's ``GroupedMLP``, which calls ``grouped_gemm.ops.gmm``; its ``TEGroupedMLP`` would run TE's own grouped GEMM instead); q/k layer norms
-are megatron_core's ``FusedLayerNorm`` on apex's ``fused_layer_norm_cuda`` (with TE installed, megatron_core
-0.14 takes Adam and its multi-tensor kernels from TE, not apex: its layer norm is where it still uses apex);
-attention on TE's ``DotProductAttention`` with only FlashAttention allowed (``attention_backend=flash``); bf16
-weights, megatron_core's ``DistributedDataParallel`` and distributed optimizer (Adam, lr 1e-3, clip 1.0), its
-``forward_backward_func`` and ``finalize_model_grads``. Parallelism by world size (:func:`parallel_layout`):
-tensor parallel 2 with sequence parallel where the world is even, expert parallel across the rest. Data: one
-fixed batch per data-parallel rank (4 sequences of 256 tokens following a fixed permutation of a 1024-token
-vocabulary: learnable), the same in both runs: ``bf16``, then ``fp8`` (TE's FP8 through megatron_core's
-``fp8="hybrid"``, DelayedScaling by default, or Float8CurrentScaling with ``--fp8-recipe tensorwise``), each
-from the same initial weights, 20 steps.
+build of the lock has), rope, swiglu; every other layer MoE, 4 experts (2 per rank where expert parallelism spreads
+them wider), top-2, alltoall dispatch, experts on grouped_gemm (``moe_grouped_gemm`` with megatron_core's
+``GroupedMLP``, which calls ``grouped_gemm.ops.gmm``; its ``TEGroupedMLP`` would run TE's own grouped GEMM instead);
+q/k layer norms are megatron_core's ``FusedLayerNorm`` on apex's ``fused_layer_norm_cuda`` (with TE installed,
+megatron_core 0.14 takes Adam and its multi-tensor kernels from TE, not apex: its layer norm is where it still uses
+apex); attention on TE's ``DotProductAttention`` with only FlashAttention allowed (``attention_backend=flash``);
+bf16 weights, megatron_core's ``DistributedDataParallel`` and distributed optimizer (Adam, lr 1e-3, clip 1.0), its
+``forward_backward_func`` and ``finalize_model_grads``. Parallelism by world size (:func:`parallel_layout`): tensor
+parallel 2 with sequence parallel where the world is even, expert parallel across the rest. Data: one fixed batch
+per data-parallel rank (4 sequences of 256 tokens following a fixed permutation of a 1024-token vocabulary:
+learnable), the same in both runs: ``bf16``, then ``fp8`` (TE's FP8 through megatron_core's ``fp8="hybrid"``,
+DelayedScaling by default, or Float8CurrentScaling with ``--fp8-recipe tensorwise``), each from the same initial
+weights, 20 steps.
 
 What a run's ``facts`` hold, counted by forward hooks on the model's modules and read from the packages
 themselves: ``te`` (TE linear layers' forwards, how many ran in FP8, the recipes), ``attention`` (TE's selected
