@@ -41,8 +41,9 @@ EXAMPLE_LOCK = REPO / "examples" / "example.lock"
 def ci_requires() -> bool:
     """Whether the environment says this is CI (CI=true, as CI services set it), where every test must run.
 
-    Outside CI, tests that need docker, nginx, the S3 server or a GPU skip with the reason when the
-    machine cannot run them (an unprivileged container has no docker daemon); in CI they fail instead.
+    Outside CI, tests that need docker, nginx or the S3 server skip with the reason when the machine cannot
+    run them (an unprivileged container has no docker daemon); in CI they fail instead. Tests marked ``gpu``
+    skip wherever no GPU is present, CI included: CI's machines have none.
     """
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -76,6 +77,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") and not HAVE_GPU:
+        pytest.skip("no NVIDIA GPU here (nvidia-smi lists none): the test runs on a GPU host")
     compiles = any(item.get_closest_marker(m) for m in ("needs_nvcc", "needs_torch", "needs_headers"))
     if compiles and not HAVE_HEADERS:
         require("Python's C headers (Python.h) are not installed (apt-get install python3-dev): the test compiles")
@@ -96,6 +99,18 @@ def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=False)
+
+
+def _have_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    listed = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return listed.returncode == 0 and any(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+#: An NVIDIA GPU: tests marked ``gpu`` skip without one, in CI too (CI's machines have none).
+HAVE_GPU = _have_gpu()
 
 
 def require(message: str) -> NoReturn:

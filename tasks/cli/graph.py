@@ -335,6 +335,7 @@ def _do_verify() -> None:
         work_dir=ctx.settings.builddir / "verify",
         gpu=ctx.settings.gpu,
         isolated=ctx.settings.isolated,
+        train=ctx.settings.train,
         log_dir=ctx.settings.logs,
     )
 

@@ -18,6 +18,8 @@ wheels     REPRO_WHEELS        wheelhouse directory (default ``wheels``)
 builddir   REPRO_BUILD_DIR     logs and staging trees (default ``build``)
 gpu        REPRO_GPU           ``auto`` or ``off``: GPU smoke tests in ``doit verify``
 isolated   REPRO_ISOLATED      ``on``: ``doit verify`` in a venv seeing only the base interpreter and the provided set
+train      REPRO_TRAIN         ``on``: ``doit verify`` and ``doit verify_image`` also train a tiny FP8 MoE GPT on every
+                               GPU (megatron_core, TE, FlashAttention 3, grouped_gemm, apex; tasks/verify/train.py)
 update     REPRO_UPDATE        ``doit lock``: sources whose refs are re-resolved (``all`` or names)
 pkgs       REPRO_PKGS          ``doit repro``: packages to rebuild and compare; ``doit hints``: packages whose hints
                                are written (default: all)
@@ -71,6 +73,7 @@ VARIABLES = {
     "builddir": ("REPRO_BUILD_DIR", "build"),
     "gpu": ("REPRO_GPU", "auto"),
     "isolated": ("REPRO_ISOLATED", "off"),
+    "train": ("REPRO_TRAIN", "off"),
     "update": ("REPRO_UPDATE", ""),
     "pkgs": ("REPRO_PKGS", ""),
     "base": ("REPRO_BASE", ""),
@@ -114,6 +117,8 @@ class Settings:
     gpu: str
     update: tuple[str, ...]
     isolated: bool = False
+    #: ``doit verify`` / ``verify_image``: the training check too (tasks/verify/train.py).
+    train: bool = False
     pkgs: tuple[str, ...] = ()
     base: str = ""
     builder: str = ""
@@ -247,6 +252,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         gpu=gpu,
         update=update,
         isolated=_switch("isolated", doit_vars, "use 'on' (a venv without the system's packages) or 'off'"),
+        train=_switch("train", doit_vars, "use 'on' (train a tiny FP8 MoE GPT on every GPU) or 'off'"),
         pkgs=pkgs,
         base=base,
         builder=builder,

@@ -21,6 +21,9 @@ wheel of the wheelhouse. A requirement met only from this tool's own venv
 (which the scratch venv sees for the base's torch) and not provided is unmet:
 the wheelhouse's install command would not find it.
 
+With ``train=True`` (``doit verify train=on``), the ``training`` rows close the report: a few FP8 MoE training
+steps of a tiny megatron_core GPT on every GPU, launched by torchrun in the venv (tasks/verify/train.py).
+
 Before installing, ``sha256`` checks each wheel against ``manifest.json`` and
 ``provenance`` against the subject digest of its in-toto statement
 (``wheels/provenance/``).
@@ -72,6 +75,7 @@ from tasks.verify.session import (
     _n,
     _safe,
 )
+from tasks.verify.train import TRAIN_TIMEOUT_S, train_rows
 from tasks.verify.venv import _canonical, for_session
 
 # --------------------------------------------------------------------------
@@ -115,6 +119,8 @@ def verify_wheelhouse(
     smoke_timeout: float = SMOKE_TIMEOUT_S,
     installed: bool = False,
     isolated: bool = False,
+    train: bool = False,
+    train_timeout: float = TRAIN_TIMEOUT_S,
 ) -> Report:
     """Install ``wheel_dir`` into a fresh venv under ``work_dir`` and check it.
 
@@ -125,6 +131,8 @@ def verify_wheelhouse(
     With ``installed=True`` nothing is installed: the checks run on the
     environment of ``python`` itself, where the wheelhouse must already be
     installed (the runtime image's venv, see tasks/verify/image.py).
+
+    With ``train=True`` the training check runs last (tasks/verify/train.py), given ``train_timeout`` seconds.
 
     Returns the report (also written to ``work_dir/report.{json,txt}``); it
     does not raise for failed checks: see :func:`run_verify`.
@@ -148,7 +156,7 @@ def verify_wheelhouse(
         isolated=isolated,
     )
     session.provided = manifest.provided
-    rows = list(_verify(session, manifest, smoke_timeout=smoke_timeout))
+    rows = list(_verify(session, manifest, smoke_timeout=smoke_timeout, train=train, train_timeout=train_timeout))
     report = Report(rows=tuple(rows), wheel_dir=str(wheel_dir), archs=manifest.archs)
     write_atomic(work_dir / "report.json", report.to_json())
     write_atomic(work_dir / "report.txt", report.render())
@@ -189,11 +197,17 @@ def advice(failures: Sequence[Row]) -> str:
             "The lock's [runtime]: add what is missing to requirements (or provided, or name the base: "
             "base_python, base_image or base_capture), run `doit lock` and `doit wheels`, then rerun `doit verify`."
         )
+    if any(row.package == "training" for row in failures):
+        said.append(
+            "The training check (train=on): its first failed row names the missing component, or the rank, run and"
+            " step that failed; each rank's output is in train.rank<R>.log beside the other logs, torchrun's in "
+            "train.log, the loss curves and figures in train.json of the work directory."
+        )
     recipe = ("install", "import", "libs", "symbols", "arch")
     if not said or any(
         (row.check in recipe or row.check.startswith("smoke")) and "No module named" not in row.detail
         for row in failures
-        if row.package not in ("wheelhouse", "closure", "environment")
+        if row.package not in ("wheelhouse", "closure", "environment", "training")
     ):
         said.append("The wheel's recipe or patches: fix them, rebuild with `doit wheels`, then rerun `doit verify`.")
     return " ".join(said)
@@ -202,7 +216,14 @@ def advice(failures: Sequence[Row]) -> str:
 _SYSTEM_LIB = re.compile(r"^(ld-linux.*|lib(c|m|dl|rt|pthread|util|gcc_s|stdc\+\+)\.so(\.\d+)*)$")
 
 
-def _verify(session: VerifySession, manifest: Manifest, *, smoke_timeout: float) -> Iterator[Row]:
+def _verify(
+    session: VerifySession,
+    manifest: Manifest,
+    *,
+    smoke_timeout: float,
+    train: bool = False,
+    train_timeout: float = TRAIN_TIMEOUT_S,
+) -> Iterator[Row]:
     house = "wheelhouse"
     yield _check_hashes(session.wheel_dir, manifest)
     yield _check_contents(session.wheel_dir, manifest)
@@ -244,6 +265,8 @@ def _verify(session: VerifySession, manifest: Manifest, *, smoke_timeout: float)
         yield _pip_check_row(session, manifest)
     if manifest.environment is not None:
         yield from _environment_rows(session, manifest.environment, smoke_timeout=smoke_timeout)
+    if train:
+        yield from train_rows(session, timeout=train_timeout)
 
 
 def _environment_rows(session: VerifySession, spec: WheelSpec, *, smoke_timeout: float) -> Iterator[Row]:

@@ -4,7 +4,10 @@ The container runs the image as built (its venv, its base's torch and CUDA
 libraries), with no network, as the calling user, and with ``--gpus all``
 where a GPU and the NVIDIA container runtime are there (``gpu=off`` never
 passes one). Without a GPU the GPU smoke checks are reported as SKIP, never
-PASS, and the report says why no GPU was passed.
+PASS, and the report says why no GPU was passed. With ``train=on`` the
+training check runs in the container too (tasks/verify/train.py): torchrun
+with one rank per GPU passed, over loopback only (the container has no
+network), with a larger ``/dev/shm`` for NCCL.
 
 The verification code is not part of the image: this package, its three
 pure-Python dependencies and cuobjdump are mounted read-only (the "kit",
@@ -35,6 +38,8 @@ KIT_MOUNT = "/opt/reprostack-verify"
 #: What tasks.verify.checks imports beyond the standard library (pure Python, copied into the kit).
 KIT_DEPENDENCIES = ("elftools", "filelock", "pathspec")
 TASKS_DIR = Path(__file__).resolve().parents[1]
+#: /dev/shm of the container for the training check: NCCL's shared-memory transport between the ranks.
+SHM_TRAIN = "8g"
 
 
 def gpu_decision(mode: str) -> tuple[bool, str]:
@@ -96,16 +101,25 @@ def verify_in_image(ctx: Context) -> Report:
     env = {"PYTHONPATH": KIT_MOUNT, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
     if ctx.settings.gpu == "off":
         env["REPRO_VERIFY_GPU"] = "0"
+    train = ["train"] if ctx.settings.train else []
     docker.run_container(
         str(info["Id"]),
-        [f"{plan.spec.prefix}/bin/python", "-m", "tasks.verify.incontainer", str(wheels), str(work), ctx.settings.gpu],
+        [
+            f"{plan.spec.prefix}/bin/python",
+            "-m",
+            "tasks.verify.incontainer",
+            str(wheels),
+            str(work),
+            ctx.settings.gpu,
+            *train,
+        ],
         log=log,
         what=f"verification inside {plan.tag}",
         mounts=[(root / "kit", KIT_MOUNT, True), (wheels, str(wheels), True), (work, str(work), False)],
         env=env,
         gpus=use_gpus,
         user=docker.current_user(),
-        extra=["--shm-size", "1g"],
+        extra=["--shm-size", SHM_TRAIN if train else "1g"],
     )
     try:
         inner = Report.from_dict(_read_json(work / "report.json"))

@@ -91,6 +91,14 @@ def test_closure_installs_offline_and_verifies_in_isolation(workspace: Workspace
     }
     assert "isolated (no system site-packages)" in rows[("wheelhouse", "venv")]["detail"]
     assert rows[("closure", "deps")]["status"] == "PASS" and rows[("repro_pure", "deps")]["status"] == "PASS"
+    # train=on (issue 40): the training check's preflight finds none of the stack in this venv, and says so.
+    res = ws.doit("-s", "verify", "profile=pure", "gpu=off", "isolated=on", "train=on", check=False)
+    assert res.returncode == 17, res.stdout + res.stderr
+    report = json.loads((ws.root / "build" / "verify" / "report.json").read_text())["rows"]
+    training = {r["check"]: r for r in report if r["package"] == "training"}
+    assert training["train-launch"]["detail"].startswith("not launched: the venv lacks torch, transformer_engine, ")
+    assert "No module named 'flash_attn_3'" in training["train-fa3-backend"]["detail"]
+    assert {r["status"] for r in training.values()} == {"FAIL"} and "The training check (train=on)" in res.stderr
     (ws.wheels / "repro_round-0.1.0-py3-none-any.whl").unlink()  # the wheelhouse as delivered, one wheel short
     res = ws.doit("-s", "verify", "profile=pure", "gpu=off", "isolated=on", check=False)
     assert res.returncode == 17, res.stdout + res.stderr

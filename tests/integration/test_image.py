@@ -149,6 +149,13 @@ def test_image_build_labels_noop_verify_export(built: Workspace, base_id: str, t
     assert not [
         r for r in saved["rows"] if r["check"].startswith("smoke") and "vadd" in r["check"] and r["status"] == "PASS"
     ]
+    # train=on (issue 40): the training check runs in the container too; this image has no torch, nor the stack.
+    trained = ws.doit("verify_image", f"base={base_id}", "train=on", check=False)
+    assert trained.returncode == 17, trained.stdout + trained.stderr
+    rows = json.loads((ws.root / "build" / "verify-image" / "report.json").read_text())["rows"]
+    training = {r["check"]: r for r in rows if r["package"] == "training"}
+    assert training["train-launch"]["detail"].startswith("not launched: the venv lacks torch, "), training
+    assert {r["status"] for r in training.values()} == {"FAIL"}
 
     # doit export: a docker-archive and an OCI layout, with their sha256s; both load back.
     ws.doit("export", f"base={base_id}")

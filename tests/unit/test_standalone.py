@@ -30,6 +30,13 @@ STDLIB_ONLY = {
     "outside/unbundle.py": True,  # travels inside the bundle as unbundle.py
     "outside/capture_base.py": True,  # copied to a cluster node, runs in the base's interpreter
 }
+#: The files that run in the verification venv with the stack: the standard library, torch and these packages
+#: (tasks/outside/train_gpt.py: the training check's ranks; its docstring says where it runs).
+WITH_THE_STACK = {
+    "outside/train_gpt.py": frozenset(
+        {"torch", "megatron", "transformer_engine", "flash_attn_3", "grouped_gemm", "apex"}
+    ),
+}
 #: What a smoke script may import besides the standard library: the copied harness and torch (and the
 #: package it tests, its own name; tasks/outside/smoke/__init__.py).
 SMOKE_ALLOWED = frozenset({"_harness", "torch"})
@@ -112,10 +119,17 @@ def test_standard_library_only(name: str) -> None:
     assert not outside(found, py38=py38), f"tasks/{name} runs elsewhere with the standard library only"
 
 
+@pytest.mark.parametrize("name", sorted(WITH_THE_STACK))
+def test_the_training_ranks_import_the_standard_library_torch_and_the_stack(name: str) -> None:
+    found = imports(_parse(TASKS / name))
+    assert "torch" in found and any(n.startswith("megatron.core.") for n in found), "no import read"
+    assert not outside(found, WITH_THE_STACK[name]), f"tasks/{name} runs in the verification venv alone"
+
+
 def test_every_module_of_outside_is_held_to_it() -> None:
     """tasks/outside/ is the package of code that runs elsewhere: each module there is listed above."""
     found = {p.relative_to(TASKS).as_posix() for p in TASKS.glob("outside/*.py") if p.name != "__init__.py"}
-    assert found == set(STDLIB_ONLY)
+    assert found == set(STDLIB_ONLY) | set(WITH_THE_STACK)
 
 
 @pytest.mark.parametrize("path", sorted(TASKS.glob("outside/smoke/*.py")), ids=lambda p: p.name)
