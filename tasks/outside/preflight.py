@@ -270,6 +270,7 @@ try:
 except ImportError:
     md = None
 names = json.loads(sys.argv[1])
+ask_torch = len(sys.argv) < 3 or sys.argv[2] == "torch"
 out = {"version": list(sys.version_info[:3]), "implementation": sys.implementation.name,
        "abi": "cp%d%d" % sys.version_info[:2], "soabi": sysconfig.get_config_var("SOABI") or "",
        "machine": platform.machine(), "dists": {}}
@@ -281,7 +282,7 @@ for name in names:
             break
         except Exception:
             pass
-if out["dists"].get("torch"):
+if ask_torch and out["dists"].get("torch"):
     try:
         import torch
         out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
@@ -292,13 +293,14 @@ print(json.dumps(out))
 """
 
 
-def probe_python(python: str, names: list[str]) -> dict[str, Any]:
-    """What ``python`` has: its version, ABI, machine, the versions of ``names``, its torch."""
+def probe_python(python: str, names: list[str], *, torch: bool = True) -> dict[str, Any]:
+    """What ``python`` has: its version, ABI, machine, the versions of ``names``, and, with ``torch``, what its
+    torch says of itself (importing torch takes seconds: only where a wheel was built against it)."""
     env = dict(os.environ)
     for var in ("PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT"):
         env.pop(var, None)
     try:
-        res = subprocess.run([python, "-c", _PROBE, json.dumps(names)], capture_output=True,
+        res = subprocess.run([python, "-c", _PROBE, json.dumps(names), "torch" if torch else "-"], capture_output=True,
                              stdin=subprocess.DEVNULL, env=env, timeout=PROBE_TIMEOUT_S)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"error": f"{python} cannot be run: {exc}"}
@@ -592,7 +594,7 @@ def run(
     pins = torch_pins(wheel_dir, wheels)  # reads every wheel: an unreadable one stops here, before any check
     provided = spec["provided"]
     names = sorted({"torch", *(line.partition("==")[0] for line in provided)})
-    node = probe_python(python or sys.executable, names)
+    node = probe_python(python or sys.executable, names, torch=bool(pins) or bool(build.get("torch")))
     driver = read_driver(library) if gpu != "off" and spec["archs"] else {}
     results = [
         driver_check(driver, build.get("cuda", ""), gpu),
