@@ -190,6 +190,17 @@ class Remote:
         record = check_record(raw, key) if raw is not None else None
         return record["size"] if isinstance(record, dict) else None
 
+    def size_of(self, path: str) -> int | None:
+        """The size of the object ``path`` on the remote (``ccache/…``: the object cache's entries, which
+        `doit plan` counts); None when it holds none or does not answer (then it stays off for the run)."""
+        if self._off:
+            return None
+        try:
+            return self.store.size(path)
+        except RemoteUnavailable as exc:
+            self._give_up(str(exc))
+            return None
+
     def history(self, package: str) -> list[Earlier]:
         """The builds of ``package`` whose records this remote's history of it names (each key document
         checked against its key); empty when it has none or does not answer."""
