@@ -123,7 +123,7 @@ def read_object(path: Path) -> dict[str, object]:
     """A JSON object from ``path``; a missing, unreadable or other file counts as empty."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
 

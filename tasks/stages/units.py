@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.core.errors import PatchError, ReproError
 from tasks.engine.forecast import UnitForecast
 from tasks.env import objcache, reproducible
+from tasks.lock.lockfile import ARCH_RE, arch_env, expand_env
 from tasks.outside.gate import SOURCES, compiles
 from tasks.stages.patch import Patch, apply_patches
 from tasks.store import history
@@ -99,25 +100,25 @@ def code_digest(data: bytes) -> str:
 
 
 class Hashes:
-    """Each file's (sha256, code digest), read once per plan or record; None for a file that is not there."""
+    """Each file's sha256 and code digest, each read once per plan or record; None for a file not there."""
 
     def __init__(self) -> None:
-        self._found: dict[Path, tuple[str, str] | None] = {}
         self._sha: dict[Path, str | None] = {}
+        self._code: dict[Path, str | None] = {}
 
     def sha256(self, path: Path) -> str | None:
         if path not in self._sha:
             self._sha[path] = _read_sha(path)
         return self._sha[path]
 
-    def both(self, path: Path) -> tuple[str, str] | None:
-        if path not in self._found:
+    def code(self, path: Path) -> str | None:
+        """:func:`code_digest` of the file (about 10 MB/s: only where it is needed)."""
+        if path not in self._code:
             try:
-                data = path.read_bytes() if path.is_file() else None
+                self._code[path] = code_digest(path.read_bytes()) if path.is_file() else None
             except OSError:
-                data = None
-            self._found[path] = None if data is None else (hashlib.sha256(data).hexdigest(), code_digest(data))
-        return self._found[path]
+                self._code[path] = None
+        return self._code[path]
 
 
 def _read_sha(path: Path) -> str | None:
@@ -262,14 +263,17 @@ def record(
         rel = os.path.relpath(full, seen) if full == seen or full.startswith(seen.rstrip("/") + "/") else ""
         name = rel or full
         if name not in index:
-            if rel:  # the package's own file: hashed in the stage, unless the build wrote it (no hashes)
+            # The package's own file: hashed in the stage, with its code digest (a patch may change its comments
+            # only), unless the build wrote it (no hashes). The host's (the toolchain's): its sha256 alone.
+            sha, code = "", ""
+            if rel:
                 cached = view.path(rel)
-                source = rel in patched or (cached is not None and cached.is_file())
-                found = hashes.both(stage / rel) if source else None
+                if rel in patched or (cached is not None and cached.is_file()):
+                    sha, code = hashes.sha256(stage / rel) or "", hashes.code(stage / rel) or ""
             else:
-                found = hashes.both(Path(full))
+                sha = hashes.sha256(Path(full)) or ""
             index[name] = len(files)
-            files.append((name, *(found or ("", ""))))
+            files.append((name, sha, code if sha else ""))
         return index[name]
 
     units: dict[str, history.UnitRecord] = {}
@@ -396,6 +400,17 @@ def reaching_changes(old: Mapping[str, Any], new: Mapping[str, Any], pkg: Packag
     return out
 
 
+def _old_env(document: Mapping[str, Any]) -> dict[str, str]:
+    """The recipe's environment in ``document`` with its arch placeholders filled as that build filled them."""
+    recipe = document.get("recipe")
+    env = recipe.get("env") if isinstance(recipe, dict) else None
+    env = {k: v for k, v in env.items() if isinstance(v, str)} if isinstance(env, dict) else {}
+    archs = document.get("archs")
+    if isinstance(archs, list) and all(isinstance(a, str) and ARCH_RE.match(a) for a in archs):
+        return expand_env(env, arch_env(tuple(archs)))
+    return env
+
+
 def _flag(change: str, env_old: Mapping[str, Any], commands: Iterable[str]) -> str:
     """``change`` (``env NAME old -> new``), naming the flag on the command line that holds the old value."""
     m = re.match(r"^env (\S+) ", change)
@@ -459,9 +474,7 @@ def predict(
         reaching = reaching_changes(records.document, doc, pkg)
     else:
         reaching = [c for c in changes if not _only_docs(c) and not _torch_only(c, pkg)]
-    recipe = records.document.get("recipe")
-    env_old = recipe.get("env") if isinstance(recipe, dict) else None
-    env_old = env_old if isinstance(env_old, dict) else {}
+    env_old = _old_env(records.document)
 
     calls: list[UnitCall] = []
     pending: list[tuple[history.UnitRecord, str, str]] = []  # (unit, outcome if the object cache has it, why)
@@ -487,16 +500,20 @@ def predict(
             if isinstance(view, str):
                 notes.append(f"units not compared: {view}")
 
-        def current(i: int) -> tuple[str, str] | None:
-            """File ``i``'s hashes now (None: gone); as recorded where it is the same by construction: a file
-            the build writes itself (it follows from the rest), a file of the same staged tree."""
+        def how(i: int) -> str:
+            """How file ``i`` differs now: "" (as recorded, or the same by construction: a file the build
+            writes itself follows from the rest; a file of the same staged tree), ``comments`` (only they
+            changed), ``changed`` or ``gone``."""
             path, sha, code = records.files[i]
             if not sha or (view is None and not path.startswith("/")):
-                return sha, code
-            if path.startswith("/"):
-                return hashes.both(Path(path))
-            where = view.path(path) if isinstance(view, TreeView) else None
-            return hashes.both(where) if where is not None else None
+                return ""
+            where = Path(path) if path.startswith("/") else view.path(path) if isinstance(view, TreeView) else None
+            now = hashes.sha256(where) if where is not None else None
+            if now is None:
+                return "gone"
+            if now == sha:
+                return ""
+            return "comments" if code and hashes.code(where) == code else "changed"  # type: ignore[arg-type]
 
         compilers_now = {path: (hashes.sha256(Path(path)) or "") for path in records.compilers}
         for u in records.units:
@@ -515,15 +532,11 @@ def predict(
             changed: list[str] = []
             code_changed: list[str] = []
             for i in u.inputs:
-                found = current(i)
-                path, sha, code = records.files[i]
-                if found is not None and found[0] == sha:
-                    continue
-                changed.append(path)
-                if found is None:
-                    code_changed.append(f"{path} is gone")
-                elif found[1] != code:
-                    code_changed.append(f"{path} changed")
+                found = how(i)
+                if found:
+                    changed.append(records.files[i][0])
+                if found in ("gone", "changed"):
+                    code_changed.append(f"{records.files[i][0]} {'is gone' if found == 'gone' else 'changed'}")
             if not u.manifest or not u.result:
                 calls.append(UnitCall(u.name, COMPILE, cost(u, COMPILE), "no object-cache key was recorded", u.name))
             elif code_changed:

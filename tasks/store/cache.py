@@ -270,8 +270,8 @@ class Cache:
             meta = json.loads((d / "entry.json").read_text())
         except FileNotFoundError:
             return f"incomplete wheel cache entry {d}" if d.exists() else None
-        except (OSError, ValueError) as exc:
-            return f"unreadable wheel cache entry {d} ({exc})"
+        except (OSError, ValueError, RecursionError) as exc:
+            return f"unreadable wheel cache entry {d} ({exc.__class__.__name__}: {exc})"
         problem = _entry_problem(meta)
         if problem:
             return f"unreadable wheel cache entry {d} ({problem})"

@@ -195,7 +195,7 @@ def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``; a missing, unreadable or other file counts as empty."""
     try:
         doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (RecursionError: nested deeper than Python's parser goes)
         return {}
     return doc if isinstance(doc, dict) else {}
 
@@ -300,9 +300,10 @@ class UnitRecords:
 
     ``files``: (path, sha256, digest of its code without comments) of each file a unit read: a path
     relative to the staged tree for the package's own files, an absolute one for the host's (the toolchain's
-    and the Python environment's headers); a file the build wrote itself (a generated header) has no
-    hashes. ``compilers``: each compiler's resolved path and the sha256 of its content (ccache hashes it so).
-    ``root``: the directory the build saw its tree at (the canonical path, or the stage with prefix-map).
+    and the Python environment's headers, kept without a code digest: any change of one compiles); a file
+    the build wrote itself (a generated header) has no hashes. ``compilers``: each compiler's resolved path
+    and the sha256 of its content (ccache hashes it so). ``root``: the directory the build saw its tree at
+    (the canonical path, or the stage with prefix-map).
     """
 
     key: str
@@ -396,7 +397,7 @@ def _units(doc: Mapping[str, Any]) -> UnitRecords:
     for f in raw_files:
         if not (isinstance(f, list) and len(f) == 3 and all(isinstance(x, str) for x in f)):
             raise ValueError("a file is not [path, sha256, digest]")
-        if f[1] and not (_HEX64.match(f[1]) and _HEX64.match(f[2])):
+        if (f[1] and not _HEX64.match(f[1])) or (f[2] and not (f[1] and _HEX64.match(f[2]))):
             raise ValueError(f"the hashes of {f[0]!r} are not sha256s")
         files.append((f[0], f[1], f[2]))
     compilers = doc.get("compilers")
