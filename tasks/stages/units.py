@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tasks.core.errors import PatchError, ReproError
 from tasks.engine.forecast import UnitForecast
@@ -54,8 +54,19 @@ from tasks.stages.patch import Patch, apply_patches
 from tasks.store import history
 
 if TYPE_CHECKING:
-    from tasks.lock.lockfile import Package
-    from tasks.stages.context import Context
+    from tasks.core.settings import Settings
+    from tasks.lock.lockfile import Lock, Package
+    from tasks.store.cache import Cache
+
+
+class Context(Protocol):
+    """What this module reads of a run (tasks/stages/context.py's ``Context``, which imports this module)."""
+
+    settings: Settings
+    lock: Lock
+    cache: Cache
+
+    def patches(self, pkg: Package) -> list[Patch]: ...
 
 #: What a unit will do, as :class:`UnitCall` says it.
 HIT, REMOTE, PREPROCESSED, COMPILE = "hit", "remote", "preprocessed", "compile"

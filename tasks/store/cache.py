@@ -14,6 +14,9 @@ Layout under the cache root::
     timings/<package>.json    compile seconds per unit at the package's last build (tasks/outside/ninjaorder.py)
     timings/<package>.memory.json  each unit's peak memory at its last build (tasks/outside/gate.py,
                               tasks/engine/jobserver.py)
+    timings/<package>.build.json   the package's last build: wall time, compile span, slots (tasks/store/history.py)
+    timings/<package>.units.json   what decided each compile unit's object-cache entry at its last build
+                              with the object cache (tasks/stages/units.py; `doit plan` reads it)
     tmp/                      work in progress, renamed into place when complete; each <name> held
                               by its run through the lock tmp/<name>.lock (see temporary_dir)
 

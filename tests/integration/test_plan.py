@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import sys
@@ -12,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICK, REPO, Workspace, copy_cache, entries, make_workspace, object_counts
+from conftest import QUICK, REPO, Workspace, built_packages, copy_cache, entries, make_workspace, object_counts
 from serve import FixtureServer
+
+from tasks.core.digest import action_key
+from tasks.store.remote import history_key
 
 pytestmark = pytest.mark.integration
 
@@ -319,3 +323,111 @@ def test_units_on_the_remote_object_cache_count_as_remote_hits(built: Workspace,
     res = built.doit("wheels", "profile=quick", f"remote={remote}")
     assert object_counts(res.stdout, "repro_cuda") == (3, 0)
     assert last_run_units(built) == ([], [])
+
+
+# --------------------------------------------------------------------------- records a real build wrote, damaged
+
+
+def edit_pure_patch(ws: Workspace) -> None:
+    patch = ws.root / "patches" / "repro_pure" / PATCH
+    patch.write_text(patch.read_text().replace('+MESSAGE = "patched"', '+MESSAGE = "patched twice"'))
+
+
+def damage(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (path, old, text[:300])
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.parametrize(
+    ("record", "old", "new", "warning"),
+    [
+        ("repro_cuda.build.json", '"wall_s": ', '"wall_s": "12", "was": ', "wall_s is not a number of seconds"),
+        ("repro_cuda.build.json", '"wall_s": ', '"wall_s": 1e999, "was": ', "wall_s is not a number of seconds"),
+        ("repro_cuda.build.json", '"slots": ', '"slots": [2], "was": ', "slots is not a number of job slots"),
+        ("repro_cuda.units.json", '"time":', '"time":1e20,"was":', "time is not a date"),
+        ("repro_cuda.units.json", '"seconds":', '"seconds":NaN,"was":', "is not a number of seconds (nan)"),
+        ("repro_cuda.units.json", '"inputs":[', '"inputs":["x",', "are not indexes of its files"),
+        ("repro_cuda.memory.json", '"seconds": ', '"seconds": 1e999, "was": ', ""),
+        ("repro_cuda.memory.json", '"peak_mb": ', '"peak_mb": "big", "was": ', ""),
+        ("repro_cuda.json", ": ", ': NaN, "x": ', ""),
+        ("repro_cuda.json", ": ", ': [1e999], "x": ', ""),
+    ],
+)
+def test_the_cache_s_records_damaged_are_no_record_and_the_plan_still_answers(
+    built: Workspace, record: str, old: str, new: str, warning: str
+) -> None:
+    use_patches(built, "0001-vadd-code.patch")  # repro_cuda builds: the plan reads every record of it
+    damage(built.cache / "timings" / record, old, new)
+    res = built.doit("plan", "profile=quick", "format=json", check=False)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    cuda = by_package(json.loads(res.stdout))["repro_cuda"]
+    assert cuda["action"] == "build" and math.isfinite(cuda["forecast"]["wall_s"] or 0.0)
+    if warning:
+        (line,) = [x for x in res.stderr.splitlines() if record in x]
+        assert warning in line and "ignored" in line, res.stderr
+    if record.endswith(".units.json"):
+        assert cuda["units"] is None  # no record of its units: every unit counted as compiling
+    else:
+        assert cuda["units"]["counts"]["compile"] == 1
+    text = built.doit("plan", "profile=quick")
+    assert "Traceback" not in text.stderr and "repro_cuda    built" in text.stdout
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.parametrize("how", ["entry.json not JSON", "wheel file gone", "filename out of the entry"])
+def test_a_wheel_cache_entry_the_build_would_discard_is_a_build_in_the_plan(built: Workspace, how: str) -> None:
+    (meta,) = [
+        p for p in built.cache.glob("wheels/*/*/entry.json") if json.loads(p.read_text())["package"] == "repro_pybind"
+    ]
+    doc = json.loads(meta.read_text())
+    if how == "entry.json not JSON":
+        meta.write_text(meta.read_text()[:-20])
+    elif how == "wheel file gone":
+        (meta.parent / doc["filename"]).unlink()
+    else:
+        meta.write_text(json.dumps({**doc, "filename": "../../../../" + doc["filename"]}))
+    shutil.rmtree(built.wheels)  # wheels/ to assemble again: `doit wheels` reads every entry
+    found = by_package(plan(built))["repro_pybind"]
+    assert found["action"] == "build", found
+    assert "wheel cache entry" in found["discarded"]
+    text = built.doit("plan", "profile=quick").stdout
+    assert "repro_pybind  built" in text and "its wheel cache entry would be discarded:" in text
+    assert "repro_pybind  restored from the local cache" not in text
+    assert meta.exists()  # the plan discards nothing
+    res = built.doit("wheels", "profile=quick")
+    assert "repro_pybind" in built_packages(res.stdout)  # what the plan said
+
+
+@pytest.mark.needs_nvcc
+def test_a_remote_history_with_entries_of_other_types_or_dates_is_read_around(
+    tmp_path: Path, quick_cache: Path, server: FixtureServer, remote: str
+) -> None:
+    a = make_workspace(tmp_path / "a", copy_cache(quick_cache, tmp_path / "cache-a"), server.url)
+    a.doit("wheels", "profile=quick", f"remote={remote}", "remote_write=on")
+    store = tmp_path / "remote" / "ac" / history_key("repro_pure")
+    history = json.loads(store.read_text())
+    (real,) = history["history"]
+    odd = {"sources": "not a map", "patches": [1, "x", {"name": 2}], "toolchain": [], "recipe": {"env": 7}}
+    hostile = [
+        {**real, "time": 1e20},
+        {**real, "time": math.nan},
+        {**real, "time": "yesterday"},
+        {**real, "key_document": odd, "key": action_key(odd), "time": 1.0},  # well formed: compared as data
+        {"key": 12, "time": 2.0, "key_document": []},
+        "junk",
+    ]
+    store.write_text(json.dumps({**history, "history": [*hostile, real]}))  # (NaN as Python writes it)
+    b = make_workspace(tmp_path / "b", tmp_path / "cache-b", server.url)
+    edit_pure_patch(b)
+    res = b.doit("plan", "profile=quick", "format=json", f"remote={remote}", check=False)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    pure = by_package(json.loads(res.stdout))["repro_pure"]
+    # The real entry is the nearest; the one of other types is compared as data (it differs in more inputs).
+    assert pure["nearest"]["key"] == real["key"] and pure["changes"] == [f"patch {PATCH} changed"]
+    (warning,) = [line for line in res.stderr.splitlines() if "history" in line]
+    assert "5 malformed entries of repro_pure's history ignored" in warning, res.stderr
+    text = b.doit("plan", "profile=quick", f"remote={remote}")
+    assert "Traceback" not in text.stderr and f"patch {PATCH} changed" in text.stdout
