@@ -206,7 +206,8 @@ class Invocation:
     """One ccache run as its log (``CCACHE_LOGFILE``) tells it: a compile served or compiled, or a command it
     does not cache (a link: ``outcome`` ``uncached``, with ccache's reason in ``why``)."""
 
-    command: str  # the command line ccache was given, as its log writes it (words joined by spaces)
+    command: str  # the command line ccache was given, as its log writes it (words joined by spaces), the
+    # compiler by its name
     cwd: str
     compiler: str  # the compiler ccache ran, resolved
     source: str
@@ -292,10 +293,11 @@ def _invocation(lines: list[tuple[float, str]]) -> Invocation | None:
             break
         if not _TRAFFIC.match(result) and result not in ("direct_cache_miss", "preprocessed_cache_miss") and not why:
             why = result
-    command = fields["Command line"]
-    words = command.split()
+    words = fields["Command line"].split()
     if words and os.path.basename(words[0]) == "ccache":  # the launcher's form: ccache COMPILER ARGS
-        command = " ".join(words[1:])
+        words = words[1:]
+    # The compiler by its name: ccache keys on its content, and the masquerade's directory names this run.
+    command = " ".join([os.path.basename(words[0]), *words[1:]]) if words else ""
     return Invocation(
         command=command,
         cwd=fields.get("Working directory", ""),

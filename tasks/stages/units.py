@@ -68,6 +68,7 @@ class Context(Protocol):
 
     def patches(self, pkg: Package) -> list[Patch]: ...
 
+
 #: What a unit will do, as :class:`UnitCall` says it.
 HIT, REMOTE, PREPROCESSED, COMPILE = "hit", "remote", "preprocessed", "compile"
 OUTCOMES = (HIT, REMOTE, PREPROCESSED, COMPILE)
@@ -257,7 +258,7 @@ def record(
     if not runs:
         return []
     earlier = history.read_units(ctx.cache.root, pkg.name)
-    hit_before = {u.name: u.hit_s for u in earlier.units if u.hit_s is not None} if earlier else {}
+    hit_before = {u.object: u.hit_s for u in earlier.units if u.hit_s is not None} if earlier else {}
     hashes = Hashes()
     trees = _trees(ctx, pkg)
     view = TreeView(trees if isinstance(trees, list) else [])
@@ -287,11 +288,11 @@ def record(
             files.append((name, sha, code if sha else ""))
         return index[name]
 
-    units: dict[str, history.UnitRecord] = {}
+    units: dict[str, history.UnitRecord] = {}  # by the object's path: two units may share a file name
     for run in runs:
         output = run.output or _output(run.command)
-        if not output:
-            continue
+        if not output or any(part in _PROBES for part in Path(run.cwd, output).parts):
+            continue  # (CMake's configure probes: in the serial part, with names of their own at each build)
         name = os.path.basename(output)
         inputs: list[int] = []
         if run.source:
@@ -301,7 +302,7 @@ def record(
             inputs.extend(file_index(p, run.cwd) for p in listed or [])
         if run.compiler and run.compiler not in compilers:
             compilers[run.compiler] = hashes.sha256(Path(run.compiler)) or ""
-        units[name] = history.UnitRecord(
+        units[os.path.normpath(os.path.join(run.cwd, output))] = history.UnitRecord(
             name=name,
             object=output,
             command=run.command,
@@ -314,7 +315,7 @@ def record(
             seconds=run.seconds,
             preprocess_s=run.preprocess_s if run.preprocess_s > 0 else None,
             compile_s=run.compile_s if run.compile_s > 0 else None,
-            hit_s=run.seconds if run.outcome == "hit" else hit_before.get(name),
+            hit_s=run.seconds if run.outcome == "hit" else hit_before.get(output),
         )
     history.record_units(
         ctx.cache.root,
@@ -331,6 +332,10 @@ def record(
         ),
     )
     return [(r.start, r.start + r.seconds) for r in runs]
+
+
+#: Directories of CMake's compiler checks (``try_compile``, the compiler's identification): not units.
+_PROBES = frozenset({"CMakeScratch", "CMakeTmp", "CompilerIdC", "CompilerIdCXX", "CompilerIdCUDA"})
 
 
 def _output(command: str) -> str:
