@@ -115,8 +115,8 @@ def _mb(value: object) -> float:
 
 def load_memory(path: Path) -> dict[str, dict[str, object]]:
     """A unit-memory file (records or hints); anything unreadable counts as empty. Of each unit's entry only
-    the fields of the kinds the broker and the forecast read are kept: figures (``*_mb``, ``seconds``) that
-    are numbers (:func:`number`), ``peak_in`` a word, ``killed`` a bool, ``exit`` an int."""
+    the fields of the kinds the broker and the forecast read are kept: figures (``*_mb``, ``seconds`` and
+    ``*_s``) that are numbers (:func:`number`), ``peak_in`` a word, ``killed`` a bool, ``exit`` an int."""
     out: dict[str, dict[str, object]] = {}
     for unit, found in read_object(path).items():
         if not isinstance(found, dict):
@@ -125,7 +125,7 @@ def load_memory(path: Path) -> dict[str, dict[str, object]]:
         for name, value in found.items():
             if name.endswith("_mb"):
                 figure = number(value, limit=MAX_MB)
-            elif name == "seconds":
+            elif name == "seconds" or name.endswith("_s"):  # (``peak_from_s``, ``peak_for_s``: when a peak came)
                 figure = number(value)
             elif name == "peak_in" and isinstance(value, str) and len(value) <= 64:
                 entry[name] = value

@@ -80,9 +80,13 @@ def test_unit_times_and_memory_that_are_no_number_are_no_record(tmp_path: Path, 
     times.write_text(f'{{"a.o": {value}, "b.o": 12.5}}')
     assert history.load_times(times) == {"b.o": 12.5}
     memory = tmp_path / "m.json"
-    memory.write_text(f'{{"a.o": {{"peak_mb": {value}, "seconds": {value}, "peak_in": "cicc"}}, "b.o": {value}}}')
+    memory.write_text(
+        f'{{"a.o": {{"peak_mb": {value}, "seconds": {value}, "peak_from_s": {value}, "peak_in": "cicc"}}, '
+        f'"b.o": {value}, "c.o": {{"peak_mb": 900, "peak_from_s": 2.5, "peak_for_s": 1}}}}'
+    )
     empty = {"b.o": {}} if value == "{}" else {}  # (an entry without figures: the broker's default)
-    assert history.load_memory(memory) == {"a.o": {"peak_in": "cicc"}, **empty}
+    timed = {"c.o": {"peak_mb": 900.0, "peak_from_s": 2.5, "peak_for_s": 1.0}}  # (a timed peak's figures kept)
+    assert history.load_memory(memory) == {"a.o": {"peak_in": "cicc"}, **empty, **timed}
 
 
 @pytest.mark.parametrize("field", ["wall_s", "wait_s", "compile_s", "slots", "time", "ninja_units"])
