@@ -467,7 +467,7 @@ def predict(
     def gate_seconds(unit: str) -> float | None:
         found = memory.get(unit, {})
         seconds = found.get("seconds")
-        return float(seconds) if isinstance(seconds, float) and "exit" not in found else None
+        return float(seconds) if isinstance(seconds, int | float) and "exit" not in found else None
 
     def preprocess_name(u: history.UnitRecord) -> str:
         return f"{os.path.basename(records.files[u.inputs[0]][0])}.E" if u.inputs else f"{u.name}.E"

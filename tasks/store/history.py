@@ -139,7 +139,7 @@ def load_memory(path: Path) -> dict[str, dict[str, object]]:
             else:
                 continue
             if figure is not None:
-                entry[name] = figure
+                entry[name] = value  # (as written: a whole number stays one, in the hints written from it)
         out[unit] = entry
     return out
 

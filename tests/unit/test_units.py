@@ -85,7 +85,7 @@ def test_unit_times_and_memory_that_are_no_number_are_no_record(tmp_path: Path, 
         f'"b.o": {value}, "c.o": {{"peak_mb": 900, "peak_from_s": 2.5, "peak_for_s": 1}}}}'
     )
     empty = {"b.o": {}} if value == "{}" else {}  # (an entry without figures: the broker's default)
-    timed = {"c.o": {"peak_mb": 900.0, "peak_from_s": 2.5, "peak_for_s": 1.0}}  # (a timed peak's figures kept)
+    timed = {"c.o": {"peak_mb": 900, "peak_from_s": 2.5, "peak_for_s": 1}}  # (a timed peak's figures kept, as written)
     assert history.load_memory(memory) == {"a.o": {"peak_in": "cicc"}, **empty, **timed}
 
 
