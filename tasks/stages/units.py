@@ -525,11 +525,11 @@ def predict(
                 return ""
             where = Path(path) if path.startswith("/") else view.path(path) if isinstance(view, TreeView) else None
             now = hashes.sha256(where) if where is not None else None
-            if now is None:
+            if where is None or now is None:
                 return "gone"
             if now == sha:
                 return ""
-            return "comments" if code and hashes.code(where) == code else "changed"  # type: ignore[arg-type]
+            return "comments" if code and hashes.code(where) == code else "changed"
 
         compilers_now = {path: (hashes.sha256(Path(path)) or "") for path in records.compilers}
         for u in records.units:
