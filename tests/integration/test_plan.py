@@ -236,7 +236,9 @@ def last_run_units(ws: Workspace) -> tuple[list[str], list[str]]:
 def test_the_plan_counts_the_units_the_object_cache_will_answer_and_the_build_agrees(built: Workspace) -> None:
     # An edit to one .cu file: that unit compiles, the others hit.
     use_patches(built, "0001-vadd-code.patch")
-    cuda = cuda_units(built)
+    before = snapshot(built.root, built.cache)
+    cuda = cuda_units(built)  # (the patch applied in a scratch directory outside the workspace and the cache)
+    assert snapshot(built.root, built.cache) == before
     assert outcomes(cuda) == {"vadd.o": "compile", "device.o": "hit", "module.o": "hit"}, cuda["units"]
     assert cuda["units"]["counts"] == {"compile": 1, "preprocessed": 0, "hit": 2, "remote": 0}
     (vadd,) = [u for u in cuda["units"]["list"] if u["outcome"] == "compile"]
