@@ -4,15 +4,19 @@
 2.11.0+cu130 -> 2.11.1+cu130``, ``patch 0002-x.patch changed``, ``env NVTE_CUDA_ARCHS 90a -> 90a;100a``),
 and :func:`nearest` picks, of the earlier builds of a package that the cache or the remote knows, the one
 with the fewest differing inputs (ties: the most recent); both pure. :func:`make_plan` reads the run's
-Context, the wheelhouse and the remote and asks the forecast (tasks/engine/forecast.py, on the scheduler's
-own policy) how long the builds take, from the build history (tasks/store/history.py); it writes nothing
-but what probing the toolchain memoises. :func:`render_text` and :func:`to_json` present it.
+Context, the wheelhouse and the remote, asks tasks/stages/units.py which compile units the object cache will
+answer (by the records of each package's last build, against its staged tree re-derived in a scratch
+directory), and asks the forecast (tasks/engine/forecast.py, on the scheduler's own policy) how long the
+builds take, from the build history (tasks/store/history.py); it writes nothing but what probing the
+toolchain memoises. Every record it reads is checked as the build checks it (a wheel cache entry the build
+would discard is a build here). :func:`render_text` and :func:`to_json` present it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +29,10 @@ from tasks.store.history import Earlier, local_builds, read_json
 if TYPE_CHECKING:
     from tasks.lock.lockfile import Package
     from tasks.stages.context import Context
+    from tasks.stages.units import UnitsPlan
 
 #: ``doit plan format=json``: the schema's name and version (docs/tasks.md, "doit plan").
-SCHEMA = "reprostack-plan/1"
+SCHEMA = "reprostack-plan/2"
 
 #: What a package's line says it would do.
 UP_TO_DATE = "up to date"
@@ -44,6 +49,9 @@ ACTIONS = {
     SKIPPED: "skipped",
     PREBUILT: "prebuilt",
 }
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 #: Toolchain fields as a line names them.
 _TOOL_LABELS = {
@@ -69,10 +77,22 @@ def _short(value: Any, width: int = 12) -> str:
     if value is None or value == "":
         return "(none)"
     if isinstance(value, str):
-        return value[:width] if len(value) == 64 and all(c in "0123456789abcdef" for c in value) else value
+        text = value[:width] if len(value) == 64 and all(c in "0123456789abcdef" for c in value) else value
+        return text if len(text) <= 200 else text[:200] + "…"
     if isinstance(value, list):
-        return ";".join(_short(v) for v in value) or "(none)"
-    return json.dumps(value, sort_keys=True)
+        return ";".join(_short(v) for v in value[:32]) or "(none)"
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+def _map(value: Any) -> dict[str, Any]:
+    """A section of a key document as a mapping; anything else (a document of another shape, as a remote's
+    history may hold: its key is computable by anyone) as an empty one."""
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _items(value: Any) -> list[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _change(label: str, old: Any, new: Any) -> str:
@@ -99,16 +119,16 @@ def diff_inputs(
             out.append(
                 _change(
                     "prebuilt wheel",
-                    (old.get("prebuilt") or {}).get("filename"),
-                    (new.get("prebuilt") or {}).get("filename"),
+                    _map(old.get("prebuilt")).get("filename"),
+                    _map(new.get("prebuilt")).get("filename"),
                 )
             )
         return out
-    tool_old, tool_new = dict(old.get("toolchain") or {}), dict(new.get("toolchain") or {})
+    tool_old, tool_new = _map(old.get("toolchain")), _map(new.get("toolchain"))
     for name in sorted(set(tool_old) | set(tool_new), key=lambda n: (n != "torch", n)):
         if tool_old.get(name) != tool_new.get(name):
             out.append(_change(_TOOL_LABELS.get(name, f"toolchain {name}"), tool_old.get(name), tool_new.get(name)))
-    src_old, src_new = dict(old.get("sources") or {}), dict(new.get("sources") or {})
+    src_old, src_new = _map(old.get("sources")), _map(new.get("sources"))
     for dest in sorted(set(src_old) | set(src_new)):
         if src_old.get(dest) != src_new.get(dest):
             name, was, now = sources.get(dest, (dest, _short(src_old.get(dest)), _short(src_new.get(dest))))
@@ -117,13 +137,13 @@ def diff_inputs(
                 f"source {name}{where} {was if src_old.get(dest) else '(none)'} -> "
                 f"{now if src_new.get(dest) else '(none)'}"
             )
-    out.extend(_patch_changes(old.get("patches") or [], new.get("patches") or []))
-    rec_old, rec_new = dict(old.get("recipe") or {}), dict(new.get("recipe") or {})
-    env_old, env_new = dict(rec_old.get("env") or {}), dict(rec_new.get("env") or {})
+    out.extend(_patch_changes(_items(old.get("patches")), _items(new.get("patches"))))
+    rec_old, rec_new = _map(old.get("recipe")), _map(new.get("recipe"))
+    env_old, env_new = _map(rec_old.get("env")), _map(rec_new.get("env"))
     for name in sorted(set(env_old) | set(env_new)):
         if env_old.get(name) != env_new.get(name):
             out.append(_change(f"env {name}", env_old.get(name), env_new.get(name)))
-    req_old, req_new = dict(rec_old.get("build_requires") or {}), dict(rec_new.get("build_requires") or {})
+    req_old, req_new = _map(rec_old.get("build_requires")), _map(rec_new.get("build_requires"))
     torch_said = any(line.startswith("torch ") for line in out)
     for name in sorted(set(req_old) | set(req_new)):
         if req_old.get(name) != req_new.get(name) and not (name == "torch" and torch_said):
@@ -138,7 +158,7 @@ def diff_inputs(
         ("builder", "builder"),
         ("hermetic_toolchain", "hermetic toolchain"),
     ):
-        a, b = dict(old.get(section) or {}), dict(new.get(section) or {})
+        a, b = _map(old.get(section)), _map(new.get(section))
         for name in sorted(set(a) | set(b)):
             if a.get(name) != b.get(name):
                 out.append(_change(f"{label} {name}", a.get(name), b.get(name)))
@@ -235,6 +255,10 @@ class Line:
     origin: str = ""  # where its forecast figures come from: cache, hints, none
     range_s: tuple[float, float] | None = None
     why: str = ""  # skipped: why
+    #: Its compile units, as the object cache will answer them (None: no record of its units).
+    units: UnitsPlan | None = None
+    #: Its wheel cache entry, which the build would discard: why.
+    discarded: str = ""
 
 
 @dataclass
@@ -246,18 +270,22 @@ class RunPlan:
     budget_mb: float | None
     lines: list[Line]
     forecast: Forecast
+    #: Seconds the plan took to re-derive the staged trees and compare the units (all packages).
+    units_s: float = 0.0
 
 
 def _source_names(ctx: Context, pkg: Package, old: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
     """For :func:`diff_inputs`: each source of ``pkg`` by its name, its old tree by the commit the source
     cache saw it at (else the tree hash), its new one by the lock's commit (else the tree hash)."""
     out = {}
-    old_trees = dict(old.get("sources") or {})
+    old_trees = _map(old.get("sources"))
     for dest, name in ((".", pkg.source), *pkg.overlays):
         src = ctx.lock.sources[name]
-        was = str(old_trees.get(dest) or "")
+        was = old_trees.get(dest)
+        was = was if isinstance(was, str) and _HEX64.match(was) else ""  # (a remote's document names any path)
         meta = read_json(ctx.cache.source_dir(was) / "meta.json") if was else {}
-        old_label = str(meta.get("commit") or "")[:7] or was[:12]
+        commit = meta.get("commit")
+        old_label = (commit if isinstance(commit, str) and _HEX40.match(commit) else "")[:7] or was[:12]
         out[dest] = (name, old_label, (src.commit or "")[:7] or src.tree_sha256[:12])
     return out
 
@@ -294,23 +322,72 @@ def _shard(ctx: Context) -> tuple[Package, ...]:
     return tuple(p for p in ctx.packages if p.name in names)
 
 
+def _wheelhouse_current(ctx: Context) -> bool:
+    """Whether `doit wheels` would find wheels/ up to date and do nothing (its own check)."""
+    from tasks.core.errors import ReproError
+    from tasks.stages.wheelhouse import is_current
+
+    if ctx.settings.remote_write:
+        return False
+    try:
+        return is_current(ctx)[0]
+    except ReproError:
+        return False
+
+
+def _units_reuse(units: UnitsPlan, objcache: bool) -> tuple[str, str]:
+    """The line's object-cache kind and phrase from its units' outcomes."""
+    c = units.counts
+    total = sum(c.values())
+    if not objcache:
+        return "off", f"object cache off: every unit compiles ({total})"
+    served = c["hit"] + c["remote"]
+    if not c["compile"] and not c["preprocessed"]:
+        kind = "all"
+    elif not served and not c["preprocessed"]:
+        kind = "none"
+    else:
+        kind = "partial"
+    parts = [f"{c['compile']} compile{'s' if c['compile'] == 1 else ''}"]
+    if c["preprocessed"]:
+        parts.append(f"{c['preprocessed']} preprocessed then hit")
+    parts.append(f"{c['hit']} hit{'s' if c['hit'] == 1 else ''}")
+    if c["remote"]:
+        parts.append(f"{c['remote']} from the remote object cache")
+    return kind, f"object cache: of {total} unit(s), {', '.join(parts)}"
+
+
 def make_plan(ctx: Context) -> RunPlan:
     """What `doit wheels` would do with this lock, profile, cache and remote; nothing is written."""
     from tasks.core.errors import FetchError
+    from tasks.env.objcache import shared_remote
+    from tasks.stages import units as unit_records
+    from tasks.store.cache import WheelEntry
+    from tasks.store.history import read_units
     from tasks.store.manifest import read_document
 
     manifest = read_document(ctx.settings.wheels) or {}
     current = manifest.get("lock_sha256") == ctx.lock.sha256 and manifest.get("profile") == ctx.settings.profile
+    listed = manifest.get("wheels")
     placed = {
         w.get("package"): w.get("action_key")
-        for w in manifest.get("wheels", [])
+        for w in (listed if isinstance(listed, list) else [])
         if isinstance(w, dict)
         and w.get("origin") != "fetched"
-        and (ctx.settings.wheels / str(w.get("filename"))).is_file()
+        and isinstance(w.get("filename"), str)
+        and "/" not in w["filename"]
+        and (ctx.settings.wheels / w["filename"]).is_file()
     }
+    whole = _wheelhouse_current(ctx) if current else False
     remote = ctx.remote if ctx.settings.remote else None  # (not imported without one)
+    sizes = (
+        unit_records.RemoteSizes(remote)
+        if remote is not None and ctx.settings.objcache and shared_remote(ctx.settings.remote)
+        else None
+    )
     lines: list[Line] = []
     building: list[Package] = []
+    units_s = 0.0
     for pkg in _shard(ctx):
         why = ctx.skipped(pkg)
         if why:
@@ -322,37 +399,56 @@ def make_plan(ctx: Context) -> RunPlan:
             lines.append(Line(pkg.name, BUILD, "", changes=[f"key unknown: {exc.message}"]))
             building.append(pkg)
             continue
+        discarded = ""
         if ctx.cache.wheel_exists(key):
-            action = UP_TO_DATE if current and placed.get(pkg.name) == key else CACHED
-            lines.append(Line(pkg.name, action, key))
-            continue
+            if whole:  # `doit wheels` finds wheels/ as it would make it: it reads no cache entry
+                lines.append(Line(pkg.name, UP_TO_DATE, key))
+                continue
+            found = ctx.cache.check_wheel(key)  # as the build checks it (Cache.get_wheel)
+            if isinstance(found, WheelEntry):
+                action = UP_TO_DATE if current and placed.get(pkg.name) == key else CACHED
+                lines.append(Line(pkg.name, action, key))
+                continue
+            discarded = found or ""
         if pkg.prebuilt:
-            lines.append(Line(pkg.name, PREBUILT, key))
+            lines.append(Line(pkg.name, PREBUILT, key, discarded=discarded))
             continue
         size = remote.lookup(key) if remote is not None else None
         if size is not None:
-            lines.append(Line(pkg.name, REMOTE, key, download_bytes=size))
+            lines.append(Line(pkg.name, REMOTE, key, download_bytes=size, discarded=discarded))
             continue
         earlier = local_builds(ctx.cache.root, pkg.name)
         if remote is not None:
             earlier += remote.history(pkg.name)
-        found = nearest(doc, [e for e in earlier if e.key != key])
-        line = Line(pkg.name, BUILD, key)
-        if found is not None:
-            line.nearest = found[0]
-            line.changes = diff_inputs(found[0].document, doc, sources=_source_names(ctx, pkg, found[0].document))
+        found_earlier = nearest(doc, [e for e in earlier if e.key != key])
+        line = Line(pkg.name, BUILD, key, discarded=discarded)
+        if found_earlier is not None:
+            line.nearest = found_earlier[0]
+            line.changes = diff_inputs(
+                found_earlier[0].document, doc, sources=_source_names(ctx, pkg, found_earlier[0].document)
+            )
         line.reuse = object_reuse(pkg, line.changes, objcache=ctx.settings.objcache, objects=ctx.cache.objects)
+        records = read_units(ctx.cache.root, pkg.name)
+        if records is not None:
+            line.units = unit_records.predict(
+                ctx, pkg, records, key, doc, diff_inputs(records.document, doc), remote_sizes=sizes
+            )
+            units_s += line.units.stage_s
+            line.reuse = _units_reuse(line.units, ctx.settings.objcache)
         lines.append(line)
         building.append(pkg)
     if not building:  # nothing to forecast: a no-op plan imports no more than a no-op `doit wheels`
         return RunPlan(lock=str(ctx.lock.path), profile=ctx.settings.profile, remote=ctx.settings.remote,
                     slots=ctx.settings.jobs or os.cpu_count() or 1, budget_mb=None, lines=lines,
                     forecast=Forecast(0.0, 0.0))  # fmt: skip
-    forecast, where = forecast_run(ctx.cache.root, ctx.lock.patches_dir, ctx.settings, building)
+    predicted = {line.package: unit_records.for_forecast(line.units) for line in lines if line.units is not None}
+    forecast, where = forecast_run(ctx.cache.root, ctx.lock.patches_dir, ctx.settings, building, predicted=predicted)
     for line in lines:
         if line.package in where:
             line.origin, line.range_s = where[line.package]
             told = forecast.packages.get(line.package)
+            if line.units is not None:
+                continue
             if line.origin == "cache" and told is not None and not told.units and line.reuse[0] != "off":
                 line.reuse = ("all", "no compile units at its last build: nothing for the object cache to do")
             elif line.reuse[0] == "partial":
@@ -368,6 +464,7 @@ def make_plan(ctx: Context) -> RunPlan:
         budget_mb=budget,
         lines=lines,
         forecast=forecast,
+        units_s=units_s,
     )
 
 
@@ -385,6 +482,29 @@ def _bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def _when(t: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return "(no date)"
+
+
+def _unit_lines(units: UnitsPlan, pad: str) -> list[str]:
+    """The units that will not simply hit, the first few, and what the counts leave out."""
+    from tasks.stages.units import COMPILE
+
+    out = []
+    first = units.first()
+    gated = sum(1 for u in units.units if u.gated)
+    for u in first:
+        verb = "compiles" if u.outcome == COMPILE else "is preprocessed, then a hit"
+        out.append(f"{pad}  {u.name} {verb} (about {_seconds(u.seconds)}): {u.why}")
+    if gated > len(first):
+        out.append(f"{pad}  … and {gated - len(first)} more")
+    out.extend(f"{pad}  {note}" for note in units.notes)
+    return out
 
 
 def render_text(plan: RunPlan) -> str:
@@ -410,17 +530,24 @@ def render_text(plan: RunPlan) -> str:
             else:
                 head += ", no record in this cache and no hints in the lock: time unknown"
         out.append(head)
+        pad = " " * (width + 4)
+        if line.discarded:
+            out.append(f"{pad}its wheel cache entry would be discarded: {line.discarded}")
         if line.action != BUILD:
             continue
-        pad = " " * (width + 4)
         if line.nearest is None:
             out.append(f"{pad}no earlier build of {line.package} in the cache or the remote")
         elif line.changes:
-            then = time.strftime("%Y-%m-%d %H:%M", time.localtime(line.nearest.time))
             where = "this cache" if line.nearest.where == "local" else "the remote"
-            out.append(f"{pad}changed since the build of {then} in {where} (key {line.nearest.key[:12]}):")
+            out.append(
+                f"{pad}changed since the build of {_when(line.nearest.time)} in {where} (key {line.nearest.key[:12]}):"
+            )
             out.extend(f"{pad}  {change}" for change in line.changes)
-        out.append(f"{pad}{line.reuse[1]}")
+        if line.units is not None:
+            out.append(f"{pad}{line.reuse[1]} (by its units at the build of {_when(line.units.since)}):")
+            out.extend(_unit_lines(line.units, pad))
+        else:
+            out.append(f"{pad}{line.reuse[1]}")
     builds = [line for line in plan.lines if line.action == BUILD]
     restored = [line for line in plan.lines if line.action == REMOTE]
     if restored:
@@ -437,10 +564,26 @@ def render_text(plan: RunPlan) -> str:
     if len(unknown) == len(builds) and not any(line.origin == "hints" for line in builds):
         out.append(f"forecast: none, no package to build has a record in this cache or hints in the lock{note[1:]}")
         return "\n".join(out)
+    unrecorded = [line.package for line in builds if line.units is None and line.origin == "cache"]
+    if unrecorded:
+        how = (
+            f"every unit of {', '.join(unrecorded)} compiled (no record of its units: object cache hits make it "
+            "shorter)"
+        )
+    else:
+        how = "each unit as the object cache will answer it"
+    remote_note = ""
+    if plan.remote and any(line.units is not None for line in builds):
+        checked = any(line.units is not None and line.units.remote == "checked" for line in builds)
+        remote_note = (
+            "; remote object-cache hits at 2 round trips and their size at 100 MB/s"
+            if checked
+            else "; the remote's object cache not counted (it is shared only through an http(s) remote=)"
+        )
     out.append(
         f"forecast: {_seconds(plan.forecast.wall_s)} of wall time for {len(builds)} build(s), peak memory "
         f"{plan.forecast.peak_mb / 1024:.1f} GB of compiles, on {plan.slots} job slots and {budget}{note}; "
-        "every unit compiled (object cache hits make it shorter)"
+        f"{how}{remote_note}"
     )
     return "\n".join(out)
 
@@ -458,12 +601,26 @@ def to_json(plan: RunPlan) -> dict[str, Any]:
             "changes": list(line.changes),
             "nearest": None,
             "object_cache": line.reuse[0] or None,
+            "units": None,
+            "discarded": line.discarded or None,
             "forecast": None,
         }
         if line.action == SKIPPED:
             entry["reason"] = line.why
         if line.nearest is not None:
             entry["nearest"] = {"key": line.nearest.key, "where": line.nearest.where, "time": line.nearest.time}
+        if line.units is not None:
+            entry["units"] = {
+                "since": line.units.since,
+                "counts": dict(line.units.counts),
+                "compile_s": round(line.units.compile_s, 1),
+                "remote": line.units.remote or None,
+                "notes": list(line.units.notes),
+                "list": [
+                    {"unit": u.name, "outcome": u.outcome, "seconds": round(u.seconds, 2), "why": u.why or None}
+                    for u in line.units.units
+                ],
+            }
         if line.action == BUILD:
             entry["forecast"] = {
                 "wall_s": round(pf.wall_s, 1) if pf is not None else None,
@@ -473,6 +630,7 @@ def to_json(plan: RunPlan) -> dict[str, Any]:
             }
         packages.append(entry)
     counts = {a: sum(1 for line in plan.lines if ACTIONS[line.action] == a) for a in ACTIONS.values()}
+    builds = [line for line in plan.lines if line.action == BUILD]
     return {
         "schema": SCHEMA,
         "lock": plan.lock,
@@ -486,6 +644,8 @@ def to_json(plan: RunPlan) -> dict[str, Any]:
             "peak_mb": round(plan.forecast.peak_mb),
             "slots": plan.slots,
             "mem_budget_mb": round(plan.budget_mb) if plan.budget_mb is not None else None,
-            "complete": all(line.origin == "cache" for line in plan.lines if line.action == BUILD),
+            "complete": all(line.origin == "cache" for line in builds),
+            "units_known": all(line.units is not None for line in builds if line.origin == "cache"),
+            "compile_s": round(sum(line.units.compile_s for line in builds if line.units is not None), 1),
         },
     }

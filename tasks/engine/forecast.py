@@ -4,7 +4,10 @@ Pure at its core: :func:`simulate` plays a run on a simulated clock, asking task
 :func:`~tasks.engine.admission.choose` which waiting compile starts each time a slot frees, exactly as the
 broker does (tasks/engine/jobserver.py); there is no second copy of the policy to keep in step. The
 figures come from the history (tasks/store/history.py): each unit's seconds and expected memory, each
-package's serial part (pip, CMake's configure, the link), or, without a record, the lock's hints.
+package's serial part (pip, CMake's configure, the link), or, without a record, the lock's hints. Where the
+object cache's answer for each unit is known beforehand (:class:`UnitForecast`, from tasks/stages/units.py),
+a unit that hits runs for what its hit takes, one that is preprocessed for its preprocessor run, and only
+the units that compile for their compile.
 
 Used by `doit plan` (tasks/cli/plan.py) and by a run itself, which prints its forecast beside what happened
 (tasks/stages/context.py).
@@ -65,6 +68,16 @@ class PackageWork:
     priority: float = 0.0
     #: After its last unit: what its ninja ran without a job slot (the links), the longest of them.
     tail_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class UnitForecast:
+    """A package's units as its unit records predict them (tasks/stages/units.py): at the next build, each
+    unit's name, seconds and the unit whose memory record the broker admits it by ("" for a hit, which runs
+    no compiler); and at the build recorded, each unit's name and seconds (what its wall time held of them)."""
+
+    next: tuple[tuple[str, float, str], ...]
+    last: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -312,11 +325,18 @@ def recorded_units(cache_root: Path, package: str) -> tuple[dict[str, float], di
 
 
 def package_work(
-    cache_root: Path, patches_dir: Path, pkg: Package, *, slots: int, profile: str = "default"
+    cache_root: Path,
+    patches_dir: Path,
+    pkg: Package,
+    *,
+    slots: int,
+    profile: str = "default",
+    predicted: UnitForecast | None = None,
 ) -> tuple[PackageWork, str, tuple[float, float] | None]:
     """``pkg``'s work for the forecast, where its figures come from (``cache``, ``hints`` or ``none``) and,
     without a record of this cache, the range its lock's hints give (else None). The hints are the
-    ``profile``'s (tasks/store/history.py ``hints_path``)."""
+    ``profile``'s (tasks/store/history.py ``hints_path``). With ``predicted`` (and a record of its last
+    build), its units are those, at their predicted seconds."""
     default_mb = pkg.mem_per_job_gb * 1024
     recorded, memory = _recorded(cache_root, pkg.name)
     times_hints = history.hints_path(patches_dir / pkg.name, history.TIMES_HINTS_FILE, profile)
@@ -333,6 +353,13 @@ def package_work(
         times, tail = split_units(times, memory, _ninja_units(record))
     units = tuple(UnitWork(u, s, expect.expect(u).peak_mb, expect.expect(u)) for u, s in sorted(times.items()))
     serial = serial_seconds(record, units, slots) if record else 0.0
+    if predicted is not None and origin == "cache" and record:
+        last = tuple(UnitWork(u, s, expect.expect(u).peak_mb, expect.expect(u)) for u, s in predicted.last)
+        serial = serial_seconds(record, last, slots)
+        units = tuple(
+            UnitWork(u, s, expect.expect(m).peak_mb, expect.expect(m)) if m else UnitWork(u, s)
+            for u, s, m in predicted.next
+        )
     prio = admission.priority(history.known_times(cache_root, times_hints, pkg.name), slots)
     span = hint_range(hints.values(), slots) if origin != "cache" and hints else None
     return PackageWork(pkg.name, units, serial, prio, tail), origin, span
@@ -364,14 +391,22 @@ def forecast_run(
     settings: Settings,
     building: Sequence[Package],
     budget: tuple[int, float | None] | None = None,
+    predicted: Mapping[str, UnitForecast] | None = None,
 ) -> tuple[Forecast, dict[str, tuple[str, Any]]]:
     """The forecast of building ``building`` with this cache's history and the lock's hints (on ``budget``:
-    slots and MB, else :func:`run_budget`'s), and for each package where its figures come from and,
-    without a record, its range from the lock's hints."""
+    slots and MB, else :func:`run_budget`'s; ``predicted``: units predicted by package), and for each package
+    where its figures come from and, without a record, its range from the lock's hints."""
     slots, budget_mb = budget or run_budget(settings, building)
     work, where = [], {}
     for pkg in building:
-        w, origin, span = package_work(cache_root, patches_dir, pkg, slots=slots, profile=settings.profile)
+        w, origin, span = package_work(
+            cache_root,
+            patches_dir,
+            pkg,
+            slots=slots,
+            profile=settings.profile,
+            predicted=(predicted or {}).get(pkg.name),
+        )
         work.append(w)
         where[pkg.name] = (origin, span)
     return simulate(work, slots=slots, budget_mb=budget_mb), where

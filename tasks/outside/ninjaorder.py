@@ -123,14 +123,23 @@ def read_object(path: Path) -> dict[str, object]:
     """A JSON object from ``path``; a missing, unreadable or other file counts as empty."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
 
 
+#: A unit's seconds past this (about eleven days) are no figure: a record of ``1e999`` or ``1e20`` is none.
+MAX_SECONDS = 1e6
+
+
 def load_times(path: Path) -> dict[str, float]:
-    """A times file: a JSON object of output file name -> seconds; anything else counts as empty."""
-    return {k: float(v) for k, v in read_object(path).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    """A times file: a JSON object of output file name -> seconds; anything else counts as empty, and so
+    does a value that is not a finite number of seconds between 0 and :data:`MAX_SECONDS` (NaN, ``1e999``)."""
+    out = {}
+    for k, v in read_object(path).items():
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= MAX_SECONDS:
+            out[k] = float(v)  # (NaN fails the comparison, infinity and 10**400 the bound)
+    return out
 
 
 HINTS_FILE = "unit-times.json"

@@ -29,6 +29,7 @@ from tasks.engine.timeline import Outcome, Progress, Unit, interval_union, parse
 from tasks.env import build_container, compilers, docker, objcache, reproducible, toolchain
 from tasks.lock.fetch import ensure_wheel, verified_source
 from tasks.lock.lockfile import Package
+from tasks.stages import units as unit_records
 from tasks.stages.context import Context
 from tasks.stages.patch import stage_package
 from tasks.store import history
@@ -111,6 +112,10 @@ class Compiled:
     escaped: tuple[tuple[str, int], ...] = ()
     #: (unit, node, start, seconds) of the units that compiled on a cluster node (tasks/engine/cluster.py)
     nodes: tuple[tuple[str, str, float, float], ...] = ()
+    #: ccache's log of the build's compiles (tasks/stages/units.py records from it), and where the build saw
+    #: its staged tree; None without the object cache
+    object_log: Path | None = None
+    seen: str = ""
 
 
 def compile_wheel(
@@ -156,8 +161,9 @@ def compile_wheel(
     objects = ctx.objcache() if object_cache else None
     stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
     stats_log.unlink(missing_ok=True)
+    object_log = (out / "ccache-units.log").absolute() if objects is not None else None
     if objects is not None:
-        env = objects.env(env, stats_log=stats_log)
+        env = objects.env(env, stats_log=stats_log, log=object_log)
     env, how = server.gate_env(env, ccache=objects is not None)
     if how:
         with log.open("a") as fh:
@@ -207,6 +213,8 @@ def compile_wheel(
                 if "node" in found
             )
         ),
+        object_log=object_log,
+        seen=place.path(place.stage),
     )
 
 
@@ -296,6 +304,7 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
                     "object_cache": {"hits": hits, "misses": misses, "remote_failed": remote_failed},
                 },
             )
+            ran = _record_units(ctx, pkg, key, doc, built, stage_dir)
         units = ninja_units(stage_dir, wall_start)
         history.record_times(
             ctx.cache.root, pkg.name, {os.path.basename(u.output): (u.end_ms - u.start_ms) / 1000 for u in units}
@@ -317,8 +326,9 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
             )
         )
         # For the next forecast (tasks/engine/forecast.py): the part of the wall time its compiles ran or waited.
-        spans = [(wall_start + u.start_ms / 1000, wall_start + u.end_ms / 1000) for u in units]
-        covered = interval_union([*spans, *built.waits], wall_start, wall_start + seconds) if units else None
+        # (Where no ninja log placed the compiles in time, the object cache's log did: their runs, hits included.)
+        spans = [(wall_start + u.start_ms / 1000, wall_start + u.end_ms / 1000) for u in units] or ran
+        covered = interval_union([*spans, *built.waits], wall_start, wall_start + seconds) if spans else None
         edges = [os.path.basename(u.output) for u in units]
         history.record_build(ctx.cache.root, pkg.name, key=key, wall_s=seconds, wait_s=ctx.outcomes[pkg.name].wait_s,
                           compile_s=covered, slots=jobs, ninja_units=edges)  # fmt: skip
@@ -359,6 +369,23 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
             flush=True,
         )
     return entry
+
+
+def _record_units(
+    ctx: Context, pkg: Package, key: str, doc: dict[str, object], built: Compiled, stage: Path
+) -> list[tuple[float, float]]:
+    """Keep what decided each compile unit's object-cache entry (tasks/stages/units.py), for `doit plan`; the
+    (start, end) of each unit's run. A record that cannot be made is a line, never a failed build."""
+    objects = ctx.objcache()
+    if built.object_log is None or objects is None:
+        return []
+    try:
+        return unit_records.record(
+            ctx, pkg, key=key, doc=doc, log=built.object_log, stage=stage, seen=built.seen, ccache=objects.ccache
+        )
+    except Exception as exc:  # (the record is for the next plan; this build is done)
+        print(f"note: {pkg.name}: its compile units were not recorded ({exc.__class__.__name__}: {exc})", flush=True)
+        return []
 
 
 def run_build(

@@ -290,12 +290,24 @@ class Context:
     def _make_forecast(self, building: Sequence[Package], budget: tuple[int, float | None]) -> None:
         """Forecast the builds about to start (those the remote has are restored instead); never fails a run."""
         from tasks.engine import forecast as run_forecast
+        from tasks.env.objcache import shared_remote
+        from tasks.stages import units
+        from tasks.store.history import read_units
 
         try:
-            if self.remote is not None:
-                building = [p for p in building if self.remote.lookup(self.key(p)[0]) is None]
+            remote = self.remote
+            if remote is not None:
+                building = [p for p in building if remote.lookup(self.key(p)[0]) is None]
+            sizes = units.RemoteSizes(remote) if remote is not None and shared_remote(self.settings.remote) else None
+            predicted = {}  # each package's units as the object cache will answer them, as `doit plan` says
+            for pkg in building:
+                records = read_units(self.cache.root, pkg.name)
+                if records is not None:
+                    key, doc = self.key(pkg)
+                    found = units.predict(self, pkg, records, key, doc, remote_sizes=sizes)
+                    predicted[pkg.name] = units.for_forecast(found)
             forecast, where = run_forecast.forecast_run(
-                self.cache.root, self.lock.patches_dir, self.settings, building, budget
+                self.cache.root, self.lock.patches_dir, self.settings, building, budget, predicted
             )
         except Exception as exc:  # a forecast that cannot be made is a line, never a failed build
             print(f"note: no forecast for this run ({exc.__class__.__name__}: {exc})", flush=True)

@@ -63,10 +63,19 @@ def is_current(ctx: Context) -> tuple[bool, str]:
         return False, "no manifest"
     if doc.get("lock_sha256") != ctx.lock.sha256 or doc.get("profile") != ctx.settings.profile:
         return False, "lock or profile changed"
-    have = {w["package"]: w["action_key"] for w in doc.get("wheels", []) if w.get("origin") != "fetched"}
+    wheels = doc.get("wheels")
+    if not isinstance(wheels, list) or not all(
+        isinstance(w, dict)
+        and all(isinstance(w.get(k), str) for k in ("package", "filename"))
+        and "/" not in w["filename"]
+        and isinstance(w.get("size"), int)
+        for w in wheels
+    ):
+        return False, "manifest.json is not one this tool writes"
+    have = {w["package"]: w.get("action_key") for w in wheels if w.get("origin") != "fetched"}
     if have != expected(ctx):
         return False, "action keys changed"
-    for w in doc["wheels"]:
+    for w in wheels:
         p = ctx.settings.wheels / w["filename"]
         if not p.is_file() or p.stat().st_size != w["size"]:
             return False, f"{w['filename']} missing or changed"

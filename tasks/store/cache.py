@@ -14,6 +14,9 @@ Layout under the cache root::
     timings/<package>.json    compile seconds per unit at the package's last build (tasks/outside/ninjaorder.py)
     timings/<package>.memory.json  each unit's peak memory at its last build (tasks/outside/gate.py,
                               tasks/engine/jobserver.py)
+    timings/<package>.build.json   the package's last build: wall time, compile span, slots (tasks/store/history.py)
+    timings/<package>.units.json   what decided each compile unit's object-cache entry at its last build
+                              with the object cache (tasks/stages/units.py; `doit plan` reads it)
     tmp/                      work in progress, renamed into place when complete; each <name> held
                               by its run through the lock tmp/<name>.lock (see temporary_dir)
 
@@ -27,6 +30,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
@@ -154,6 +158,22 @@ def sweep(parent: Path, match: Callable[[str], bool] = lambda name: True) -> int
     return removed
 
 
+_WHEEL_FILE = re.compile(r"^[A-Za-z0-9_.+!-]+\.whl$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _entry_problem(meta: object) -> str:
+    """What is wrong with an ``entry.json`` document ("" when it names a wheel file and its sha256)."""
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    filename, sha256 = meta.get("filename"), meta.get("sha256")
+    if not isinstance(filename, str) or not _WHEEL_FILE.match(filename):
+        return f"filename {filename!r} is not a wheel file name"
+    if not isinstance(sha256, str) or not _SHA256.match(sha256):
+        return f"sha256 {sha256!r} is not a sha256"
+    return ""
+
+
 @dataclass(frozen=True)
 class WheelEntry:
     key: str
@@ -243,30 +263,40 @@ class Cache:
     def wheel_exists(self, key: str) -> bool:
         return (self.wheel_dir(key) / "entry.json").is_file()
 
-    def get_wheel(self, key: str) -> WheelEntry | None:
-        """The verified entry for ``key``; a corrupted entry is discarded with a warning."""
+    def check_wheel(self, key: str) -> WheelEntry | str | None:
+        """The entry for ``key``, verified by hash, or what is wrong with it (a message naming the entry);
+        None when there is none. Reads only: :meth:`get_wheel` discards a wrong entry, `doit plan` says the
+        package will be built. An entry is wrong when its ``entry.json`` is not a JSON object naming a plain
+        wheel file name and a sha256, when that file is gone, or when its bytes hash to another sha256."""
         d = self.wheel_dir(key)
         try:
             meta = json.loads((d / "entry.json").read_text())
-            path = d / meta["filename"]
+        except FileNotFoundError:
+            return f"incomplete wheel cache entry {d}" if d.exists() else None
+        except (OSError, ValueError, RecursionError) as exc:
+            return f"unreadable wheel cache entry {d} ({exc.__class__.__name__}: {exc})"
+        problem = _entry_problem(meta)
+        if problem:
+            return f"unreadable wheel cache entry {d} ({problem})"
+        path = d / meta["filename"]
+        try:
             digest = file_sha256(path)
         except FileNotFoundError:
-            if d.exists():
-                warn(f"incomplete wheel cache entry {d} discarded; the package will be rebuilt")
-                rmtree(d)
-            return None
-        except (ValueError, KeyError, TypeError) as exc:
-            warn(f"unreadable wheel cache entry {d} ({exc}) discarded; the package will be rebuilt")
-            rmtree(d)
-            return None
+            return f"incomplete wheel cache entry {d} (its wheel {meta['filename']} is gone)"
+        except OSError as exc:
+            return f"unreadable wheel cache entry {d} ({exc})"
         if digest != meta["sha256"]:
-            warn(
-                f"corrupted wheel cache entry {path}: sha256 {digest} but {meta['sha256']} was stored; "
-                "entry discarded, the package will be rebuilt"
-            )
-            rmtree(d)
-            return None
+            return f"corrupted wheel cache entry {path}: sha256 {digest} but {meta['sha256']} was stored"
         return WheelEntry(key=key, path=path, sha256=digest, size=path.stat().st_size, meta=meta)
+
+    def get_wheel(self, key: str) -> WheelEntry | None:
+        """The verified entry for ``key``; a wrong entry (:meth:`check_wheel`) is discarded with a warning."""
+        found = self.check_wheel(key)
+        if isinstance(found, str):
+            warn(f"{found}; entry discarded, the package will be rebuilt")
+            rmtree(self.wheel_dir(key))
+            return None
+        return found
 
     def put_wheel(self, key: str, wheel: Path, meta: dict[str, Any]) -> WheelEntry:
         """Store ``wheel`` under ``key`` atomically and return the entry."""

@@ -140,7 +140,7 @@ def read_document(wheels: Path) -> dict[str, Any] | None:
     """The JSON object of ``wheels/manifest.json``; None when it is missing, not JSON or not an object."""
     try:
         doc = load_document(wheels)
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 

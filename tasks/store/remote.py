@@ -190,6 +190,17 @@ class Remote:
         record = check_record(raw, key) if raw is not None else None
         return record["size"] if isinstance(record, dict) else None
 
+    def size_of(self, path: str) -> int | None:
+        """The size of the object ``path`` on the remote (``ccache/…``: the object cache's entries, which
+        `doit plan` counts); None when it holds none or does not answer (then it stays off for the run)."""
+        if self._off:
+            return None
+        try:
+            return self.store.size(path)
+        except RemoteUnavailable as exc:
+            self._give_up(str(exc))
+            return None
+
     def history(self, package: str) -> list[Earlier]:
         """The builds of ``package`` whose records this remote's history of it names (each key document
         checked against its key); empty when it has none or does not answer."""
@@ -202,7 +213,14 @@ class Remote:
         except RemoteUnavailable as exc:
             self._give_up(str(exc))
             return []
-        return [Earlier(e["key"], e["key_document"], e["time"], "remote") for e in read_history(raw, package)]
+        entries, ignored = _history(raw, package)
+        if ignored:
+            what = "entry" if ignored == 1 else "entries"
+            warn(
+                f"remote {self.url}/ac/{history_key(package)}: {ignored} malformed {what} of {package}'s history "
+                "ignored (a field of another type, a time that is no date)"
+            )
+        return [Earlier(e["key"], e["key_document"], e["time"], "remote") for e in entries]
 
     # -- writing
 
@@ -474,8 +492,8 @@ def check_record(raw: bytes, key: str) -> dict[str, Any] | str:
     """The ``ac/`` record for ``key`` if it is well formed and names this key; else what is wrong with it."""
     try:
         record = json.loads(raw)
-    except ValueError as exc:
-        return f"not JSON ({exc})"
+    except (ValueError, RecursionError) as exc:
+        return f"not JSON ({exc.__class__.__name__})"
     if not isinstance(record, dict):
         return "not a JSON object"
     filename, sha256, size = record.get("filename"), record.get("sha256"), record.get("size")
@@ -488,7 +506,7 @@ def check_record(raw: bytes, key: str) -> dict[str, Any] | str:
     if record.get("key") != key:
         return f"it is the record of key {record.get('key')!r}"
     doc = record.get("key_document")
-    if not isinstance(doc, dict) or action_key(doc) != key:
+    if not isinstance(doc, dict) or _hashes_to(doc) != key:
         return "its key document does not hash to the action key"
     return record
 
@@ -499,17 +517,34 @@ def history_key(package: str) -> str:
 
 
 def read_history(raw: bytes | None, package: str) -> list[dict[str, Any]]:
-    """The entries of a history record of ``package`` whose key document hashes to their key."""
+    """The entries of a history record of ``package`` whose key document hashes to their key and whose time is
+    a date (tasks/store/history.py's ``date``: not NaN, not 1e20)."""
+    return _history(raw, package)[0]
+
+
+def _history(raw: bytes | None, package: str) -> tuple[list[dict[str, Any]], int]:
+    """:func:`read_history`'s entries, and how many others the record holds (malformed: ignored)."""
+    from tasks.store.history import date
+
     try:
         doc = json.loads(raw) if raw is not None else {}
-    except ValueError:
-        return []
+    except (ValueError, RecursionError):
+        return [], 1
     if not isinstance(doc, dict) or doc.get("package") != package or not isinstance(doc.get("history"), list):
-        return []
+        return [], 0 if raw is None else 1
     out = []
     for e in doc["history"]:
-        if not isinstance(e, dict) or not isinstance(e.get("key_document"), dict):
+        if not isinstance(e, dict) or not isinstance(e.get("key_document"), dict) or not isinstance(e.get("key"), str):
             continue
-        if action_key(e["key_document"]) == e.get("key") and isinstance(e.get("time"), int | float):
-            out.append(e)
-    return out
+        when = date(e.get("time"))
+        if when is not None and _hashes_to(e["key_document"]) == e["key"]:
+            out.append({**e, "time": when})
+    return out, len(doc["history"]) - len(out)
+
+
+def _hashes_to(doc: dict[str, Any]) -> str:
+    """The action key of ``doc``; "" for one that has none (a lone surrogate, nesting past the parser's)."""
+    try:
+        return action_key(doc)
+    except (ValueError, RecursionError):
+        return ""

