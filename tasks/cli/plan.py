@@ -437,10 +437,11 @@ def make_plan(ctx: Context) -> RunPlan:
             line.reuse = _units_reuse(line.units, ctx.settings.objcache)
         lines.append(line)
         building.append(pkg)
-    if not building:  # nothing to forecast: a no-op plan imports no more than a no-op `doit wheels`
+    if not building:  # nothing to forecast: a no-op plan imports no more than a no-op `doit wheels`, and
+        # does what it does (the lock read, every key, the caches looked at): its own time so far is the no-op's
         return RunPlan(lock=str(ctx.lock.path), profile=ctx.settings.profile, remote=ctx.settings.remote,
                     slots=ctx.settings.jobs or os.cpu_count() or 1, budget_mb=None, lines=lines,
-                    forecast=Forecast(0.0, 0.0))  # fmt: skip
+                    forecast=Forecast(round(process_seconds(), 2), 0.0))  # fmt: skip
     predicted = {line.package: unit_records.for_forecast(line.units) for line in lines if line.units is not None}
     forecast, where = forecast_run(ctx.cache.root, ctx.lock.patches_dir, ctx.settings, building, predicted=predicted)
     for line in lines:
@@ -554,7 +555,7 @@ def render_text(plan: RunPlan) -> str:
         total = sum(line.download_bytes or 0 for line in restored)
         out.append(f"remote: {len(restored)} wheel(s), {_bytes(total)} to download")
     if not builds:
-        out.append("forecast: nothing to build")
+        out.append(f"forecast: nothing to build: {_seconds(plan.forecast.wall_s)}, what this plan took to find it out")
         return "\n".join(out)
     budget = f"{plan.budget_mb / 1024:.0f} GB" if plan.budget_mb is not None else "tokens only (memory=job)"
     unknown = [line.package for line in builds if line.origin != "cache"]
@@ -649,3 +650,15 @@ def to_json(plan: RunPlan) -> dict[str, Any]:
             "compile_s": round(sum(line.units.compile_s for line in builds if line.units is not None), 1),
         },
     }
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (the interpreter's start-up included), from /proc; 0 where unknown."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
