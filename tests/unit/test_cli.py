@@ -56,7 +56,20 @@ def test_the_venvs_doit_is_ours_and_runs_doit() -> None:
         require(f"no doit script beside {sys.executable}")
     assert "tasks.cli.main" in script.read_text(), f"{script} is not the project's (pip install -e . writes it)"
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines()[0] == ".".join(map(str, doit.__version__))
+    tool, doit_line = out.splitlines()
+    assert tool.startswith(f"reprostack {importlib.metadata.version('reprostack')} (tasks @ "), out
+    assert doit_line.startswith(f"doit {'.'.join(map(str, doit.__version__))} (lib @ "), out
+
+
+def test_reprostack_version_names_the_tool_and_doit(tmp_path: Path) -> None:
+    """`reprostack --version` printed doit's version alone (0.37.0), as if the tool had none."""
+    res = _reprostack(tmp_path, "--version")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [
+        f"reprostack {importlib.metadata.version('reprostack')}",
+        f"doit {'.'.join(map(str, doit.__version__))}",
+    ], res.stdout
 
 
 def _reprostack(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
