@@ -24,8 +24,8 @@
 # by apt first, so that container has a network, but pip is given none: PIP_NO_INDEX=1), the pipx way of that page.
 #
 # Prints, per distribution, network and command, the exit status and the wall time, what the command
-# left on disk (the checkout, its .venv, and outside it: ~/.cache/reprostack, ~/.cache/pip, the Debian
-# packages it installed), and for `.ci/run` the reasons of the tests it skipped (only docker privileges,
+# left on disk (the checkout, its .venv, and outside it: ~/.cache/reprostack, ~/.cache/pip, pytest's
+# /tmp/pytest-of-root, CI's docker data, the Debian packages installed), and for `.ci/run` the reasons of the tests it skipped (only docker privileges,
 # nginx, a GPU or nvcc should be among them); full logs in
 # build/stock-check/<distribution>-<network>-<command>.log. Exits 1 if any command failed.
 # Needs docker and mmdebstrap on this host, and the distributions' mirrors and PyPI from the
@@ -140,6 +140,7 @@ done
 FOOTPRINT='du() { command du -sm "$@" 2>/dev/null | cut -f1 || echo 0; }
 echo "checkout $(du /root/reprostack) MB (.venv $(du /root/reprostack/.venv) MB);" \
      "outside: ~/.cache/reprostack $(du /root/.cache/reprostack) MB, ~/.cache/pip $(du /root/.cache/pip) MB," \
+     "/tmp/pytest-of-root $(du /tmp/pytest-of-root) MB, /var/lib/reprostack-ci-docker $(du /var/lib/reprostack-ci-docker) MB," \
      "$(dpkg-query -W -f "\${Status}\n" | grep -c "install ok installed") Debian packages"'
 status=0
 for dist in "${DISTS[@]}"; do
