@@ -34,6 +34,7 @@
 # Where this host reaches the network through a TLS-intercepting proxy and says so (SSL_CERT_FILE or
 # PIP_CERT naming its CA bundle), that bundle is copied into the containers and named to pip, git and
 # Python the same way; nothing else of the host goes in.
+{  # read whole before it runs: the script may be edited while a long check runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "stock-check: $*" >&2; }
@@ -191,3 +192,4 @@ for dist in "${DISTS[@]}"; do
     [ "$TOOL" = 1 ] && tool_check "$dist" "$image"
 done
 exit $status
+}
