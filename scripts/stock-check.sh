@@ -114,8 +114,11 @@ TOOL_VENV='python3 -V && python3 -m venv /rs && /rs/bin/pip install -q --no-inde
     --require-hashes -r /mirror/tool/requirements.txt && /rs/bin/reprostack --version && /rs/bin/pip check'
 TOOL_PIPX='apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pipx \
     >/dev/null && pipx --version && export PIP_NO_INDEX=1 && python3 -m pip download -q --no-index \
-    --find-links /mirror/tool --require-hashes -r /mirror/tool/requirements.txt -d /tmp/tool-checked && \
-    pipx install reprostack --pip-args="--no-index --find-links /tmp/tool-checked" && ~/.local/bin/reprostack --version'
+    --find-links /mirror/tool --require-hashes -r /mirror/tool/requirements.txt -d ~/reprostack-wheels && \
+    BUNDLED=$(python3 -c "import pathlib, sysconfig; print(sysconfig.get_config_var(\"WHEEL_PKG_DIR\") or \
+        pathlib.Path(sysconfig.get_path(\"stdlib\"), \"ensurepip\", \"_bundled\"))") && \
+    pipx install reprostack --pip-args="--no-index --find-links $HOME/reprostack-wheels --find-links $BUNDLED" && \
+    ~/.local/bin/reprostack --version'
 tool_check() {  # dist image: the tool offline, a venv and pipx
     local dist=$1 image=$2 how cmd net rc start ca_mount=()
     [ ${#ca_env[@]} -gt 0 ] && ca_mount=(-v "$ca:/etc/ssl/host-ca.crt:ro")
