@@ -141,7 +141,7 @@ for net in "${NETWORKS[@]}"; do
     case "$net" in host|default) ;; *) log "unknown network $net (host or default)"; exit 2 ;; esac
 done
 # What a command left: the checkout and its .venv, and outside the checkout (MB, and Debian packages).
-FOOTPRINT='du() { command du -sm "$@" 2>/dev/null | cut -f1 || echo 0; }
+FOOTPRINT='du() { local n; n=$(command du -sm "$1" 2>/dev/null | cut -f1); echo "${n:-0}"; }
 echo "checkout $(du /root/reprostack) MB (.venv $(du /root/reprostack/.venv) MB);" \
      "outside: ~/.cache/reprostack $(du /root/.cache/reprostack) MB, ~/.cache/pip $(du /root/.cache/pip) MB," \
      "/tmp/pytest-of-root $(du /tmp/pytest-of-root) MB, /var/lib/reprostack-ci-docker $(du /var/lib/reprostack-ci-docker) MB," \
