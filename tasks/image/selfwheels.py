@@ -427,9 +427,9 @@ def write_tool_wheels(
     where = [p.split()[-1] for p in installs_on(dest)]
     if where:
         bound = sorted({parse_wheel_filename(w)[0] for w in interpreter_bound(dest)})
-        pythons = f"{', '.join(where[:-1])} and {where[-1]}" if len(where) > 1 else where[0]
+        said = f"{', '.join(where[:-1])} and {where[-1]}" if len(where) > 1 else where[0]
         lines.append(
-            f"note: the tool's wheels install on CPython {pythons} only ({', '.join(bound)} "
+            f"note: the tool's wheels install on CPython {said} only ({', '.join(bound)} "
             f"{'is' if len(bound) == 1 else 'are'} built for each Python): for a build host with another Python, "
             "add it to tool_python= (docs/offline.md)"
         )
