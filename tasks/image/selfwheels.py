@@ -331,7 +331,7 @@ def write_wheels(
     for target in targets:
         missing = []
         for key, dist in sorted(dists.items()):
-            requires = dist.metadata["Requires-Python"]
+            requires = dist.metadata["Requires-Python"] if "Requires-Python" in dist.metadata else None
             try:
                 excluded = requires is not None and not SpecifierSet(requires).contains(f"{target.python}.0")
             except InvalidSpecifier:
