@@ -153,7 +153,8 @@ def test_tool_wheels_for_other_pythons_one_requirements_file(tmp_path: Path, mon
             fitting = [h for h in hashes if _wheel_tags(by_sha[h]) & {str(t) for t in Target(python).tags}]
             assert len(fitting) == 1, (python, line)
             assert parse_wheel_filename(by_sha[fitting[0]].name)[0] == name
-    assert any(f"install on CPython {here}, {others[0]} and {others[1]} only" in x for x in lines), lines
+    first, second, third = sorted((here, *others), key=lambda v: tuple(map(int, v.split("."))))
+    assert any(f"install on CPython {first}, {second} and {third} only" in x for x in lines), lines
     # pip as on each other Python: the one requirements file, --require-hashes, no index, the tool/ directory.
     for python in others:
         target = Target(python, selfwheels.default_platforms())
