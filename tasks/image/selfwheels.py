@@ -37,10 +37,12 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from tasks.core import proc
 from tasks.core.errors import FetchError, ReproError
@@ -48,36 +50,51 @@ from tasks.core.fsutil import write_atomic
 from tasks.core.treehash import file_sha256
 from tasks.store.wheelnorm import normalize_wheel
 
+if TYPE_CHECKING:
+    from tasks.env.closure import Target
+
 TOOL = "reprostack"
 #: Metadata files of an installed distribution that are the installer's, not the wheel's.
 _INSTALLER_FILES = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
 
 
-def closure(root: str = TOOL, environments: tuple[dict[str, str], ...] = ()) -> list[importlib.metadata.Distribution]:
+def closure(
+    root: str = TOOL,
+    environments: tuple[dict[str, str], ...] = (),
+    elsewhere: dict[str, Requirement] | None = None,
+) -> list[importlib.metadata.Distribution]:
     """``root`` and every distribution its requirements (no extras) need, installed; markers evaluated here and
-    in each of ``environments`` (another Python's marker values): a distribution any of them needs is in."""
+    in each of ``environments`` (another Python's marker values): a distribution any of them needs is in. One
+    that only another Python needs and that is not installed here (``typing_extensions; python_version <
+    "3.13"`` seen from 3.13) goes to ``elsewhere`` (canonical name -> requirement) instead."""
     seen: dict[str, importlib.metadata.Distribution] = {}
-    todo = [(root, frozenset[str]())]
+    todo: list[tuple[str, frozenset[str], Requirement | None]] = [(root, frozenset(), None)]
     while todo:
-        name, extras = todo.pop()
+        name, extras, only_elsewhere = todo.pop()
         key = canonicalize_name(name)
         if key in seen and not extras:
             continue
         try:
             dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
+            if only_elsewhere is not None and elsewhere is not None:
+                elsewhere[key] = only_elsewhere
+                continue
             raise ReproError(
-                f"{name} is not installed here, and the tool needs it"
-                f"{' on one of the Pythons it is written for' if environments else ''}: install the tool with it "
-                "on this host's Python (pip install reprostack) before writing the tool's wheels"
+                f"{name} is not installed here, and the tool needs it: install the tool with its dependencies on "
+                "this host's Python (pip install reprostack) before writing the tool's wheels"
             ) from None
         seen[key] = dist
+        if elsewhere is not None:
+            elsewhere.pop(key, None)
         for raw in dist.requires or []:
             req = Requirement(raw)
-            bases: list[dict[str, str]] = [{}, *environments]
-            wanted = [{**base, "extra": e} for base in bases for e in (extras or {""})]
-            if req.marker is None or any(req.marker.evaluate(env) for env in wanted):
-                todo.append((req.name, frozenset(req.extras)))
+            here = [{"extra": e} for e in (extras or {""})]
+            there = [{**env, "extra": e} for env in environments for e in (extras or {""})]
+            if req.marker is None or any(req.marker.evaluate(env) for env in here):
+                todo.append((req.name, frozenset(req.extras), None))
+            elif any(req.marker.evaluate(env) for env in there):
+                todo.append((req.name, frozenset(req.extras), req))
     return sorted(seen.values(), key=lambda d: canonicalize_name(d.metadata["Name"]))
 
 
@@ -234,50 +251,56 @@ def _publish(path: Path, dest: Path, notes: list[str], *, copy: bool = False) ->
     os.replace(tmp, dest)
 
 
-def _cached_wheel(store: Path, name: str, version: str, fits: Callable[[str], bool]) -> Path | None:
-    """A wheel of ``name==version`` that ``fits`` in the cache's ``fetched/<sha256>/``, its sha256 checked."""
-    prefix = f"{canonicalize_name(name).replace('-', '_')}-{version}-"
+def _cached_wheel(store: Path, name: str, spec: str, fits: Callable[[str], bool]) -> Path | None:
+    """The highest version of ``name`` that ``spec`` (``==3.4.7``, ``>=4.6,<5``) allows and that ``fits``, in the
+    cache's ``fetched/<sha256>/``, its sha256 checked."""
+    prefix = f"{canonicalize_name(name).replace('-', '_')}-"
+    found = []
     for path in sorted(store.glob(f"*/{prefix}*.whl")) if store.is_dir() else []:
-        if fits(path.name) and _is_of(path.name, name, version) and file_sha256(path) == path.parent.name:
-            return path
-    return None
+        version = _version_of(path.name, name, spec)
+        if version is not None and fits(path.name) and file_sha256(path) == path.parent.name:
+            found.append((version, path))
+    return max(found)[1] if found else None
 
 
-def _is_of(filename: str, name: str, version: str) -> bool:
+def _version_of(filename: str, name: str, spec: str) -> Version | None:
+    """The version of the wheel ``filename`` where it is one of ``name`` that ``spec`` allows, else None."""
     try:
-        wheel_name, wheel_version, _b, _t = parse_wheel_filename(filename)
+        wheel_name, version, _b, _t = parse_wheel_filename(filename)
     except InvalidWheelFilename:
-        return False
-    return wheel_name == canonicalize_name(name) and str(wheel_version) == version
+        return None
+    if wheel_name != canonicalize_name(name) or not SpecifierSet(spec).contains(version, prereleases=True):
+        return None
+    return version
 
 
-def _download(pins: list[tuple[str, str]], python: str, platforms: tuple[str, ...], store: Path, log: Path) -> None:
-    """pip downloads the wheels of ``pins`` for CPython ``python`` on ``platforms`` into ``store``
-    (``<sha256>/<file>``, with ``origin``); FetchError naming that Python when pip cannot."""
+def _download(wanted: list[tuple[str, str]], python: str, platforms: tuple[str, ...], store: Path, log: Path) -> None:
+    """pip downloads a wheel of each (name, specifier) of ``wanted`` for CPython ``python`` on ``platforms`` into
+    ``store`` (``<sha256>/<file>``, with ``origin``); FetchError naming that Python when pip cannot."""
     from tasks.core import net
     from tasks.env.closure import Target
     from tasks.store.cache import temporary_dir
     from tasks.store.simple_index import wheel_problem
 
     target = Target(python, platforms)
-    wanted = [f"{name}=={version}" for name, version in pins]
+    said = [f"{name}{spec}" for name, spec in wanted]
     with temporary_dir(store, ".fetch-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--dest", str(tmp)]
         cmd += ["--timeout", f"{net.timeout():g}", "--retries", "2"]  # REPRO_NET_TIMEOUT, as every network operation
-        res = proc.run([*cmd, *target.pip_options(), *wanted], env=dict(os.environ), log=log, check=False)
+        res = proc.run([*cmd, *target.pip_options(), *said], env=dict(os.environ), log=log, check=False)
         if res.returncode != 0:
             raise FetchError(
-                f"the tool's wheels for CPython {python}: pip could not download {', '.join(wanted)} "
+                f"the tool's wheels for CPython {python}: pip could not download {', '.join(said)} "
                 f"(exit status {res.returncode}; {' / '.join(res.tail(3).splitlines()) or 'no output'}; log: {log}). "
                 f"Run `doit mirror` once where the package index is reachable (the wheels are kept in the cache), "
                 f"or leave CPython {python} out of tool_python="
             )
-        for name, version in pins:
-            found = [p for p in sorted(tmp.glob("*.whl")) if _is_of(p.name, name, version) and target.fits(p.name)]
+        for name, spec in wanted:
+            found = [p for p in sorted(tmp.glob("*.whl")) if _version_of(p.name, name, spec) and target.fits(p.name)]
             if not found:
-                raise FetchError(f"the tool's wheels for CPython {python}: pip gave no wheel of {name}=={version} "
+                raise FetchError(f"the tool's wheels for CPython {python}: pip gave no wheel of {name}{spec} "
                                  f"for it (log: {log})")  # fmt: skip
-            problem = wheel_problem(found[0], name, version)
+            problem = wheel_problem(found[0], name, str(_version_of(found[0].name, name, spec)))
             if problem is not None:
                 raise FetchError(f"the tool's wheels for CPython {python}: {found[0].name}: {problem}")
             sha = file_sha256(found[0])
@@ -310,9 +333,12 @@ def write_wheels(
     others = sorted({p for p in pythons if p != this_python()}, key=lambda v: tuple(map(int, v.split("."))))
     targets = [Target(p, platforms or default_platforms()) for p in others]
     dists: dict[str, importlib.metadata.Distribution] = {}
+    elsewhere: dict[str, Requirement] = {}
     for root in roots:
-        for d in closure(root, tuple(t.environment() for t in targets)):
+        for d in closure(root, tuple(t.environment() for t in targets), elsewhere):
             dists[canonicalize_name(d.metadata["Name"])] = d
+    for key in dists:
+        elsewhere.pop(key, None)
     hashes: dict[str, list[str]] = {}
     kept: set[str] = set()
     wheels: dict[str, str] = {}  # canonical name -> the file written from this installation
@@ -328,8 +354,10 @@ def write_wheels(
             _publish(tmp / filename, dest / filename, notes)
             kept.add(filename)
             wheels[key] = filename
+    versions: dict[str, str] = {}  # the distributions needed only elsewhere: the version taken
+    pythons_of: dict[str, list[str]] = {}  # ... and the Pythons that need them
     for target in targets:
-        missing = []
+        needed: list[tuple[str, str, str]] = []  # (canonical name, name, specifier)
         for key, dist in sorted(dists.items()):
             requires = dist.metadata["Requires-Python"] if "Requires-Python" in dist.metadata else None
             try:
@@ -342,33 +370,55 @@ def write_wheels(
                     "leave that Python out of tool_python="
                 )
             if not target.fits(wheels[key]):
-                missing.append(key)
-        if not missing:
+                needed.append((key, dist.metadata["Name"], f"=={dist.version}"))
+        for key, req in sorted(elsewhere.items()):
+            env = {**target.environment(), "extra": ""}
+            if req.marker is None or req.marker.evaluate(env):
+                needed.append((key, req.name, f"=={versions[key]}" if key in versions else str(req.specifier)))
+                pythons_of.setdefault(key, []).append(target.python)
+        if not needed:
             continue
         if store is None:
             raise ReproError(f"the tool's wheels for CPython {target.python}: no cache to download them into")
-        pins = [(dists[k].metadata["Name"], dists[k].version) for k in missing]
-        absent = [pin for pin in pins if _cached_wheel(store, *pin, target.fits) is None]
+        absent = [(name, spec) for _key, name, spec in needed if _cached_wheel(store, name, spec, target.fits) is None]
         if absent:
             _download(absent, target.python, target.platforms, store, log or dest.parent / "tool-wheels.log")
-        for key, (name, version) in zip(missing, pins, strict=True):
-            path = _cached_wheel(store, name, version, target.fits)
+        for key, name, spec in needed:
+            path = _cached_wheel(store, name, spec, target.fits)
             if path is None:
-                raise FetchError(f"the tool's wheels for CPython {target.python}: {name}=={version} is not in {store}")
+                raise FetchError(f"the tool's wheels for CPython {target.python}: {name}{spec} is not in {store}")
+            if key in elsewhere:
+                versions[key] = str(_version_of(path.name, name, spec))
+                _check_requires(path, target, set(dists) | set(elsewhere))
             _publish(path, dest / path.name, notes, copy=True)
             kept.add(path.name)
-            if path.parent.name not in hashes[key]:
+            if path.parent.name not in hashes.setdefault(key, []):
                 hashes[key].append(path.parent.name)
     for path in sorted(dest.glob("*.whl")):
         if path.name not in kept:
             path.unlink()
             notes.append(f"removed {path}: not one of the tool's wheels")
-    lines = []
-    for key, dist in sorted(dists.items()):
-        pinned = " ".join(f"--hash=sha256:{h}" for h in hashes[key])
-        lines.append(f"{key}=={dist.version} {pinned}\n")
+    pinned = {key: f"{key}=={dist.version}" for key, dist in dists.items()}
+    for key, version in versions.items():  # only for the Pythons that need it (not this one)
+        marker = " or ".join(f'python_version == "{p}"' for p in pythons_of[key])
+        pinned[key] = f"{key}=={version} ; {marker}"
+    lines = [f"{pinned[key]} {' '.join(f'--hash=sha256:{h}' for h in hashes[key])}\n" for key in sorted(pinned)]
     write_atomic(dest / "requirements.txt", "".join(lines))
     return dest / "requirements.txt"
+
+
+def _check_requires(wheel: Path, target: Target, known: set[str]) -> None:
+    """A wheel downloaded for a distribution that only another Python needs must need nothing more there."""
+    from tasks.env.closure import requires_dist
+
+    env = {**target.environment(), "extra": ""}
+    for line in requires_dist(wheel):
+        req = Requirement(line)
+        if (req.marker is None or req.marker.evaluate(env)) and canonicalize_name(req.name) not in known:
+            raise ReproError(
+                f"the tool's wheels for CPython {target.python}: {wheel.name} needs {req}, which the tool does not "
+                "carry; install the tool on that Python's host and write the wheels there"
+            )
 
 
 def interpreter_bound(dest: Path) -> dict[str, list[str]]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import Workspace
 from fake_wheels import make_wheel, write_simple_index
+from packaging.requirements import Requirement
 from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from serve import FixtureServer
@@ -134,6 +135,13 @@ def test_tool_wheels_for_other_pythons_one_requirements_file(tmp_path: Path, mon
             abi = "cp" + python.replace(".", "")
             wheel = make_wheel(index / "files", name, version, f"{abi}-{abi}-manylinux_2_17_{machine}", {})
             published.setdefault(name, []).append(wheel.name)
+    # What only the other Pythons need and this one has not installed (typing_extensions below 3.13, seen from
+    # 3.13): a pure wheel of a version the requirement allows.
+    elsewhere: dict[str, Requirement] = {}
+    selfwheels.closure(selfwheels.TOOL, tuple(Target(p).environment() for p in others), elsewhere)
+    for key, req in elsewhere.items():
+        allowed = next(v for v in ("4.15.0", "2.0", "1.0", "0.1") if req.specifier.contains(v, prereleases=True))
+        published.setdefault(key, []).append(make_wheel(index / "files", key, allowed, "py3-none-any", {}).name)
     write_simple_index(index, published)
     store = tmp_path / "cache" / "fetched"
     with FixtureServer(index) as server:
@@ -153,6 +161,9 @@ def test_tool_wheels_for_other_pythons_one_requirements_file(tmp_path: Path, mon
             fitting = [h for h in hashes if _wheel_tags(by_sha[h]) & {str(t) for t in Target(python).tags}]
             assert len(fitting) == 1, (python, line)
             assert parse_wheel_filename(by_sha[fitting[0]].name)[0] == name
+    for key in elsewhere:  # pinned for the Pythons that need it only
+        (line,) = [x for x in requirements if x.startswith(f"{key}==")]
+        assert " ; python_version == " in line and f'"{here}"' not in line.split(" --hash")[0], line
     first, second, third = sorted((here, *others), key=lambda v: tuple(map(int, v.split("."))))
     assert any(f"install on CPython {first}, {second} and {third} only" in x for x in lines), lines
     # pip as on each other Python: the one requirements file, --require-hashes, no index, the tool/ directory.
