@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Create .venv with this project's pinned dependencies, the example lock's build
-# requirements and the test tools. The venv sees the system's site-packages, so
-# a host's own torch and CUDA wheels (a GPU host's) stay in use.
+# Create .venv with this project's pinned dependencies and the example lock's build
+# requirements (what the quickstart's build needs). The venv sees the system's site-packages,
+# so a host's own torch and CUDA wheels (a GPU host's) stay in use.
+#
+#   bash scripts/bootstrap.sh           # the tool and the example's build requirements (extra `example`)
+#   bash scripts/bootstrap.sh --tests   # also the test tools and Ray for the cluster tests (extras `test`,
+#                                       # `cluster`: what .ci/run needs); CI=true implies it
 #
 # torch: an importable one is kept. Otherwise torch 2.13.0 is installed only where
 # that costs little: when the index pip is configured with offers a CPU build of it
@@ -13,6 +17,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 say() { echo "bootstrap: $*" >&2; }
+is_ci() { case "$(printf %s "${CI:-}" | tr '[:upper:]' '[:lower:]')" in 1|true|yes|on) return 0 ;; esac; return 1; }
+EXTRAS=example
+for arg in "$@"; do
+  case "$arg" in
+    --tests) EXTRAS=example,test,cluster ;;
+    *) say "unknown argument $arg (--tests: also the test and cluster extras)"; exit 2 ;;
+  esac
+done
+if is_ci; then EXTRAS=example,test,cluster; fi
 command -v git >/dev/null || { say "git is required (apt-get install git)"; exit 1; }
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
     say "Python >= 3.11 is required ($PY is $("$PY" -V 2>&1)); set PYTHON=python3.11 or newer"; exit 1; }
@@ -22,12 +35,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check)
 # compat: a plain .pth entry for this checkout (the default import hook costs every run's start-up time).
-"${PIP[@]}" install -q -e '.[example,test,cluster]' --config-settings editable_mode=compat
+"${PIP[@]}" install -q -e ".[$EXTRAS]" --config-settings editable_mode=compat
 # Our modules' bytecode, written once here: a shell with PYTHONDONTWRITEBYTECODE set (as some
 # hosts and CI runners do) would otherwise compile them on every run, a third of a no-op's time.
 .venv/bin/python -m compileall -q tasks dodo.py >/dev/null
 
-is_ci() { case "$(printf %s "${CI:-}" | tr '[:upper:]' '[:lower:]')" in 1|true|yes|on) return 0 ;; esac; return 1; }
 TORCH="torch==2.13.0"
 if .venv/bin/python -c 'import torch' 2>/dev/null; then
   say "torch $(.venv/bin/python -c 'import torch; print(torch.__version__)') (already installed)"

@@ -15,12 +15,19 @@
 #   - the base: scripts/make-base-image.sh runtime (cached by a content tag).
 #
 # Outside CI (CI unset or false) a machine that cannot do this (no root, an unprivileged
-# container where dockerd cannot start) is not an error: one line says why, nothing is printed on
-# stdout, and the tests that need docker skip with that reason. With CI=true it fails.
+# container where dockerd cannot start) is not an error: one line says which step is skipped and why,
+# nothing is printed on stdout, it exits 0, and the tests that need docker skip with that reason (written
+# to build/ci-docker.skipped for them). With CI=true it fails. dockerd needs CAP_NET_ADMIN and CAP_SYS_ADMIN:
+# where this process (or sudo) lacks either (root in a container without --privileged, on docker's default
+# network or on the host's, where CI's bridge may already exist), neither the docker packages are installed
+# nor the bridge touched, only nginx (the remote-cache tests' server). Any other step that fails is named
+# in the same one line, never a bare error from the command.
 #
 # `scripts/ci-docker.sh --daemon` stops once the daemon is ready and prints its DOCKER_HOST instead.
-set -euo pipefail
+set -eEuo pipefail
 cd "$(dirname "$0")/.."
+SKIPPED=build/ci-docker.skipped  # why the docker tests skip (tests/conftest.py reads it)
+rm -f "$SKIPPED"
 DAEMON_ONLY=0
 [ "${1:-}" = --daemon ] && DAEMON_ONLY=1
 log() { echo "ci-docker: $*" >&2; }
@@ -29,38 +36,19 @@ case "$(printf %s "${CI:-}" | tr '[:upper:]' '[:lower:]')" in
     *) IN_CI=0 ;;
 esac
 give_up() {
+    trap - ERR
     log "$*"
     if [ "$IN_CI" = 1 ]; then exit 1; fi
+    mkdir -p "$(dirname "$SKIPPED")" && echo "scripts/ci-docker.sh: $*" >"$SKIPPED" || true
     log "not CI: the tests that need docker, nginx or a registry skip with the reason (CI=true makes them required)"
     exit 0
 }
+# A step that fails where nothing above expected it: one line naming it, and the same fallback.
+trap 'give_up "step failed (exit $?), skipped with what follows it: $BASH_COMMAND (line $LINENO)"' ERR
 SUDO=""
 if [ "$(id -u)" != 0 ]; then
     if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo"; else SUDO="none"; fi
 fi
-
-missing=()
-if ! docker info >/dev/null 2>&1 && ! { command -v dockerd && command -v docker; } >/dev/null; then
-    missing+=(docker.io)
-fi
-if [ "$DAEMON_ONLY" = 0 ]; then
-    command -v skopeo >/dev/null || missing+=(skopeo)
-    command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
-    command -v docker-registry >/dev/null || missing+=(docker-registry)
-    command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)  # the remote cache tests' server (Ubuntu 24.04 has no nginx-light)
-fi
-if [ ${#missing[@]} -gt 0 ]; then
-    if [ "$SUDO" = none ] || ! command -v apt-get >/dev/null; then
-        give_up "cannot install ${missing[*]} (needs root or sudo, and apt-get)"
-    fi
-    [ "$SUDO" = none ] && SUDO=""
-    log "installing ${missing[*]}"
-    if ! { $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q \
-            --no-install-recommends "${missing[@]}"; } >&2; then
-        give_up "apt-get could not install ${missing[*]}"
-    fi
-fi
-[ "$SUDO" = none ] && SUDO=""
 
 # CI's own daemon (.ci/run exports DOCKER_HOST=$CI_DOCKER_HOST where the environment sets none).
 CI_DOCKER_RUN=/run/reprostack-ci-docker
@@ -79,6 +67,53 @@ daemon_works() {
     [ "$(docker network inspect bridge --format '{{index .Options "com.docker.network.bridge.name"}}' 2>/dev/null)" \
         = "$CI_DOCKER_BRIDGE" ]
 }
+
+# Whether dockerd could run here: root (or sudo) holding CAP_NET_ADMIN (bridges, iptables) and CAP_SYS_ADMIN
+# (mounts). A container without --privileged has neither, whatever its network.
+dockerd_privileges() {
+    local hex caps
+    [ "$SUDO" = none ] && return 1
+    hex=$($SUDO sh -c 'sed -n "s/^CapEff:[[:space:]]*//p" /proc/self/status' 2>/dev/null) || return 1
+    [ -n "$hex" ] || return 1
+    caps=$((16#$hex))
+    [ $(( (caps >> 12) & 1 )) = 1 ] && [ $(( (caps >> 21) & 1 )) = 1 ]
+}
+NEEDS_DAEMON=0  # our own dockerd must be started (or restarted): it does not answer, or its bridge is gone
+if [ "$DOCKER_HOST" = "$CI_DOCKER_HOST" ] && ! daemon_works; then NEEDS_DAEMON=1; fi
+NO_PRIVILEGE=""
+if [ "$NEEDS_DAEMON" = 1 ] && ! dockerd_privileges; then
+    NO_PRIVILEGE="this process lacks CAP_NET_ADMIN or CAP_SYS_ADMIN (root in a container without --privileged, or neither root nor sudo): dockerd cannot run"
+fi
+
+missing=()
+if [ -z "$NO_PRIVILEGE" ]; then
+    if ! docker info >/dev/null 2>&1 && ! { command -v dockerd && command -v docker; } >/dev/null; then
+        missing+=(docker.io)
+    fi
+    if [ "$DAEMON_ONLY" = 0 ]; then
+        command -v skopeo >/dev/null || missing+=(skopeo)
+        command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+        command -v docker-registry >/dev/null || missing+=(docker-registry)
+    fi
+fi
+if [ "$DAEMON_ONLY" = 0 ]; then
+    command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)  # the remote cache tests' server (Ubuntu 24.04 has no nginx-light)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$SUDO" = none ] || ! command -v apt-get >/dev/null; then
+        give_up "skipping the install of ${missing[*]}: it needs root or sudo, and apt-get${NO_PRIVILEGE:+; and $NO_PRIVILEGE}"
+    fi
+    [ "$SUDO" = none ] && SUDO=""
+    log "installing ${missing[*]}"
+    if ! { $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q \
+            --no-install-recommends "${missing[@]}"; } >&2; then
+        give_up "apt-get could not install ${missing[*]}${NO_PRIVILEGE:+; and $NO_PRIVILEGE}"
+    fi
+fi
+[ "$SUDO" = none ] && SUDO=""
+if [ -n "$NO_PRIVILEGE" ]; then
+    give_up "skipping docker.io, skopeo, mmdebstrap, docker-registry, CI's dockerd and its bridge: $NO_PRIVILEGE"
+fi
 
 # The pid of our daemon from its pid file, if that process runs and is our dockerd (not a reused pid).
 our_daemon() {
@@ -103,11 +138,21 @@ start_our_daemon() {
     # in it runs, whatever that process is now) and its socket.
     $SUDO rm -f "$CI_DOCKER_PID" "$CI_DOCKER_RUN/docker.sock"
     $SUDO mkdir -p "$CI_DOCKER_RUN" "$CI_DOCKER_DATA"
+    local out
     if ! ip link show "$CI_DOCKER_BRIDGE" >/dev/null 2>&1; then
-        $SUDO ip link add "$CI_DOCKER_BRIDGE" type bridge || give_up "cannot make the bridge $CI_DOCKER_BRIDGE (needs CAP_NET_ADMIN)"
+        out=$($SUDO ip link add "$CI_DOCKER_BRIDGE" type bridge 2>&1) ||
+            give_up "skipping CI's dockerd: cannot make its bridge $CI_DOCKER_BRIDGE (ip: ${out:-failed}; needs CAP_NET_ADMIN)"
     fi
-    $SUDO ip addr replace "$CI_DOCKER_BRIDGE_IP" dev "$CI_DOCKER_BRIDGE"
-    $SUDO ip link set "$CI_DOCKER_BRIDGE" up
+    # The bridge may be there already, set up (another run's, or the host's seen from a container on its network):
+    # change only what differs, so that a process without CAP_NET_ADMIN is not stopped by a step with nothing to do.
+    if ! ip -o addr show dev "$CI_DOCKER_BRIDGE" 2>/dev/null | grep -q " ${CI_DOCKER_BRIDGE_IP} "; then
+        out=$($SUDO ip addr replace "$CI_DOCKER_BRIDGE_IP" dev "$CI_DOCKER_BRIDGE" 2>&1) ||
+            give_up "skipping CI's dockerd: cannot give its bridge $CI_DOCKER_BRIDGE the address $CI_DOCKER_BRIDGE_IP (ip: ${out:-failed}; needs CAP_NET_ADMIN)"
+    fi
+    if ! ip -o link show "$CI_DOCKER_BRIDGE" 2>/dev/null | grep -qE '[<,]UP[,>]'; then
+        out=$($SUDO ip link set "$CI_DOCKER_BRIDGE" up 2>&1) ||
+            give_up "skipping CI's dockerd: cannot bring its bridge $CI_DOCKER_BRIDGE up (ip: ${out:-failed}; needs CAP_NET_ADMIN)"
+    fi
     mkdir -p build
     log "starting CI's dockerd on $CI_DOCKER_HOST, bridge $CI_DOCKER_BRIDGE (log: build/dockerd.log)"
     # setsid: the daemon outlives this script and is not stopped with CI's process group.

@@ -3,25 +3,43 @@
 # (Python 3.11), Ubuntu 24.04 (3.12) and Debian trixie (3.13) containers holding only the
 # distribution's python3, python3-venv, python3-pip, python3-dev, git, build-essential, curl and
 # ca-certificates, what a user's build machine has (no nvcc, no GPU, no docker privileges: a plain
-# `docker run`, no socket, not --privileged), each on a clean clone of this repository's HEAD (commit
-# first: this checks what is committed). python3-dev is there so that the tests that compile Python
-# extensions run, as they run on a user's machine, instead of skipping.
+# `docker run` as root, no socket, not --privileged), each on a clean clone of this repository's HEAD
+# (commit first: this checks what is committed). python3-dev is there so that the tests that compile
+# Python extensions run, as they run on a user's machine, instead of skipping.
 #
-#   bash scripts/stock-check.sh                          # all three
+# Each distribution runs twice, in a fresh container each time: on the host's network (`--network host`:
+# root without CAP_NET_ADMIN beside the host's interfaces, where CI's bridge may already exist) and on
+# docker's default network.
+#
+#   bash scripts/stock-check.sh                          # all three, both networks
 #   bash scripts/stock-check.sh bookworm noble trixie    # any of them, in this order
+#   STOCK_NETWORKS=host bash scripts/stock-check.sh noble   # one network variant only (host or default)
+#   STOCK_COMMANDS=quickstart bash scripts/stock-check.sh   # some commands only (quickstart, ci, tool)
+#   bash scripts/stock-check.sh --images noble           # only make the images; prints "<dist> <image ID>"
 #
-# Prints, per distribution and command, the exit status and the wall time, and for `.ci/run` the
-# reasons of the tests it skipped (only docker privileges, nginx, a GPU or nvcc should be among them);
-# full logs in build/stock-check/<distribution>-<command>.log. Exits 1 if any command failed.
+# `tool` (after the two commands): the tool installed offline on each distribution's Python from one mirror
+# written on this host (`doit mirror tool_python=3.11,3.12,3.13` by this checkout's .venv, whatever its Python):
+# in a container without network (`--network none`) as docs/offline.md says (a venv, pip --no-index
+# --require-hashes), then `reprostack --version` and `pip check`; and with the distribution's own pipx (installed
+# by apt first, so that container has a network, but pip is given none: PIP_NO_INDEX=1), the pipx way of that page.
+#
+# Prints, per distribution, network and command, the exit status and the wall time, what the command
+# left on disk (the checkout, its .venv, and outside it: ~/.cache/reprostack, ~/.cache/pip, pytest's
+# /tmp/pytest-of-root, CI's docker data, the Debian packages installed), and for `.ci/run` the reasons of the tests it skipped (only docker privileges,
+# nginx, a GPU or nvcc should be among them); full logs in
+# build/stock-check/<distribution>-<network>-<command>.log. Exits 1 if any command failed.
 # Needs docker and mmdebstrap on this host, and the distributions' mirrors and PyPI from the
-# containers (the default bridge network). The root file systems are made by mmdebstrap and
-# imported with `docker import`, tagged by the sha256 of their recipe (a second run reuses them).
+# containers. The root file systems are made by mmdebstrap and imported with `docker import`, tagged by
+# the sha256 of their recipe (a second run reuses them).
 # Where this host reaches the network through a TLS-intercepting proxy and says so (SSL_CERT_FILE or
 # PIP_CERT naming its CA bundle), that bundle is copied into the containers and named to pip, git and
 # Python the same way; nothing else of the host goes in.
+{  # read whole before it runs: the script may be edited while a long check runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "stock-check: $*" >&2; }
+IMAGES_ONLY=0
+[ "${1:-}" = --images ] && { IMAGES_ONLY=1; shift; }
 if [ $# -gt 0 ]; then DISTS=("$@"); else DISTS=(bookworm noble trixie); fi
 for dist in "${DISTS[@]}"; do
     case "$dist" in bookworm|noble|trixie) ;; *) log "unknown distribution $dist (bookworm, noble or trixie)"; exit 2 ;; esac
@@ -41,7 +59,9 @@ trap 'rm -rf "$work"; [ -n "${CID:-}" ] && docker rm -f "$CID" >/dev/null 2>&1 |
 
 image_for() {  # distribution -> image ID (made once per recipe)
     local dist=$1 tag args=()
-    tag="reprostack-stock:$dist-$( { cat "$0"; echo "$dist $PACKAGES"; } | sha256sum | cut -c1-12)"
+    # The tag: the sha256 of what makes the root file system (this function and the package list).
+    tag="reprostack-stock:$dist-$( { declare -f image_for; echo "$dist $PACKAGES $UBUNTU_KEYRING_SHA256"; } |
+        sha256sum | cut -c1-12)"
     if ! docker image inspect "$tag" >/dev/null 2>&1; then
         case "$dist" in
             bookworm) args=(bookworm - http://deb.debian.org/debian) ;;
@@ -69,8 +89,63 @@ image_for() {  # distribution -> image ID (made once per recipe)
     docker image inspect --format '{{.Id}}' "$tag"
 }
 
+if [ "$IMAGES_ONLY" = 1 ]; then
+    for dist in "${DISTS[@]}"; do echo "$dist $(image_for "$dist")"; done
+    exit 0
+fi
 git clone --quiet . "$work/repo"
 log "checking $(git -C "$work/repo" rev-parse --short HEAD) (a clean clone of HEAD)"
+NETWORKS=(${STOCK_NETWORKS:-host default})
+COMMANDS=(${STOCK_COMMANDS:-quickstart ci tool})
+TOOL=0
+for what in "${COMMANDS[@]}"; do
+    case "$what" in quickstart|ci) ;; tool) TOOL=1 ;; *) log "unknown command $what (quickstart, ci or tool)"; exit 2 ;; esac
+done
+if [ "$TOOL" = 1 ]; then  # one mirror of the tool, written here, for every distribution's Python
+    [ -x .venv/bin/doit ] || { log "tool: needs this checkout's .venv to write the mirror (bash scripts/bootstrap.sh)"; exit 2; }
+    mkdir -p "$work/ws"
+    printf 'format = 1\n[sources]\n[packages]\n' >"$work/ws/sources.lock"
+    log "tool: doit mirror tool_python=3.11,3.12,3.13 on this host ($(.venv/bin/python -V)) -> $out/tool-mirror.log"
+    .venv/bin/doit -f dodo.py -d "$work/ws" mirror lock="$work/ws/sources.lock" mirror="$work/mirror" \
+        tool_python=3.11,3.12,3.13 >"$out/tool-mirror.log" 2>&1 || { log "tool: doit mirror failed: $out/tool-mirror.log"; exit 1; }
+    chmod -R a+rX "$work/mirror"
+fi
+TOOL_VENV='python3 -V && python3 -m venv /rs && /rs/bin/pip install -q --no-index --find-links /mirror/tool \
+    --require-hashes -r /mirror/tool/requirements.txt && /rs/bin/reprostack --version && /rs/bin/pip check'
+TOOL_PIPX='apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pipx \
+    >/dev/null && pipx --version && export PIP_NO_INDEX=1 && python3 -m pip download -q --no-index \
+    --find-links /mirror/tool --require-hashes -r /mirror/tool/requirements.txt -d ~/reprostack-wheels && \
+    BUNDLED=$(python3 -c "import pathlib, sysconfig; print(sysconfig.get_config_var(\"WHEEL_PKG_DIR\") or \
+        pathlib.Path(sysconfig.get_path(\"stdlib\"), \"ensurepip\", \"_bundled\"))") && \
+    pipx install reprostack --pip-args="--no-index --find-links $HOME/reprostack-wheels --find-links $BUNDLED" && \
+    ~/.local/bin/reprostack --version'
+tool_check() {  # dist image: the tool offline, a venv and pipx
+    local dist=$1 image=$2 how cmd net rc start ca_mount=()
+    [ ${#ca_env[@]} -gt 0 ] && ca_mount=(-v "$ca:/etc/ssl/host-ca.crt:ro")
+    for how in venv pipx; do
+        if [ "$how" = venv ]; then cmd=$TOOL_VENV; net=(--network none); else cmd=$TOOL_PIPX; net=(); fi
+        start=$(date +%s)
+        set +e
+        docker run --rm ${net[@]+"${net[@]}"} -v "$work/mirror:/mirror:ro" --env HOME=/root \
+            ${ca_env[@]+"${ca_env[@]}"} ${ca_mount[@]+"${ca_mount[@]}"} "$image" bash -c "$cmd" \
+            >"$out/$dist-tool-$how.log" 2>&1
+        rc=$?
+        set -e
+        [ "$rc" = 0 ] || status=1
+        printf 'stock-check: %-8s %-7s %-26s exit %-3s %5ss  (log: %s)\n' "$dist" "${net[1]:-default}" \
+            "the tool offline, $how" "$rc" "$(( $(date +%s) - start ))" "$out/$dist-tool-$how.log"
+        tail -2 "$out/$dist-tool-$how.log" | sed 's/^/    /'
+    done
+}
+for net in "${NETWORKS[@]}"; do
+    case "$net" in host|default) ;; *) log "unknown network $net (host or default)"; exit 2 ;; esac
+done
+# What a command left: the checkout and its .venv, and outside the checkout (MB, and Debian packages).
+FOOTPRINT='du() { local n; n=$(command du -sm "$1" 2>/dev/null | cut -f1); echo "${n:-0}"; }
+echo "checkout $(du /root/reprostack) MB (.venv $(du /root/reprostack/.venv) MB);" \
+     "outside: ~/.cache/reprostack $(du /root/.cache/reprostack) MB, ~/.cache/pip $(du /root/.cache/pip) MB," \
+     "/tmp/pytest-of-root $(du /tmp/pytest-of-root) MB, /var/lib/reprostack-ci-docker $(du /var/lib/reprostack-ci-docker) MB," \
+     "$(dpkg-query -W -f "\${Status}\n" | grep -c "install ok installed") Debian packages"'
 status=0
 for dist in "${DISTS[@]}"; do
     image=$(image_for "$dist")
@@ -81,27 +156,43 @@ for dist in "${DISTS[@]}"; do
             ca_env+=(--env "$v=/etc/ssl/host-ca.crt")
         done
     fi
-    CID=$(docker run -d --env HOME=/root ${ca_env[@]+"${ca_env[@]}"} "$image" sleep infinity)
-    [ ${#ca_env[@]} -gt 0 ] && docker cp "$ca" "$CID:/etc/ssl/host-ca.crt" >/dev/null
-    docker cp "$work/repo" "$CID:/root/reprostack" >/dev/null
-    python=$(docker exec "$CID" python3 -V 2>&1)
-    for cmd in "bash examples/quickstart.sh" "bash .ci/run"; do
-        name="$dist-$(echo "$cmd" | tr -c 'a-z' '-' | sed 's/-*$//')"
-        start=$(date +%s)
-        set +e
-        docker exec -w /root/reprostack "$CID" bash -c "$cmd" >"$out/$name.log" 2>&1
-        rc=$?
-        set -e
-        [ "$rc" = 0 ] || status=1
-        printf 'stock-check: %-8s %-26s exit %-3s %5ss  (%s; log: %s)\n' "$dist" "$cmd" "$rc" "$(( $(date +%s) - start ))" \
-            "$python" "$out/$name.log"
-        tail -3 "$out/$name.log" | sed 's/^/    /'
-        if [ "$cmd" = "bash .ci/run" ]; then  # pytest -ra: one SKIPPED line per reason
-            grep -E '^SKIPPED \[[0-9]+\]' "$out/$name.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^:]*:[0-9]+: /\1 /' |
-                awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "    skipped %3d:%s\n", c[r], r}' | sort || true
-        fi
+    for net in "${NETWORKS[@]}"; do
+        [ "$TOOL" = 1 ] && [ "${COMMANDS[*]}" = tool ] && break  # only the tool's check asked for
+        net_args=()
+        [ "$net" = host ] && net_args=(--network host)
+        CID=$(docker run -d ${net_args[@]+"${net_args[@]}"} --env HOME=/root ${ca_env[@]+"${ca_env[@]}"} "$image" \
+            sleep infinity)
+        [ ${#ca_env[@]} -gt 0 ] && docker cp "$ca" "$CID:/etc/ssl/host-ca.crt" >/dev/null
+        docker cp "$work/repo" "$CID:/root/reprostack" >/dev/null
+        python=$(docker exec "$CID" python3 -V 2>&1)
+        log "$dist, $net network: before, $(docker exec "$CID" bash -c "$FOOTPRINT")"
+        for what in "${COMMANDS[@]}"; do
+            case "$what" in
+                quickstart) cmd="bash examples/quickstart.sh" ;;
+                ci) cmd="bash .ci/run" ;;
+                tool) continue ;;
+            esac
+            name="$dist-$net-$what"
+            start=$(date +%s)
+            set +e
+            docker exec -w /root/reprostack "$CID" bash -c "$cmd" >"$out/$name.log" 2>&1
+            rc=$?
+            set -e
+            [ "$rc" = 0 ] || status=1
+            printf 'stock-check: %-8s %-7s %-26s exit %-3s %5ss  (%s; log: %s)\n' "$dist" "$net" "$cmd" "$rc" \
+                "$(( $(date +%s) - start ))" "$python" "$out/$name.log"
+            echo "    after it: $(docker exec "$CID" bash -c "$FOOTPRINT")"
+            tail -3 "$out/$name.log" | sed 's/^/    /'
+            if [ "$what" = ci ]; then  # pytest -ra: one SKIPPED line per reason
+                grep -E '^SKIPPED \[[0-9]+\]' "$out/$name.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^:]*:[0-9]+: /\1 /' |
+                    awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "    skipped %3d:%s\n", c[r], r}' | sort || true
+                grep -E '^(ci-docker|\.ci/run):' "$out/$name.log" | sed 's/^/    /' || true
+            fi
+        done
+        docker rm -f "$CID" >/dev/null
+        CID=""
     done
-    docker rm -f "$CID" >/dev/null
-    CID=""
+    [ "$TOOL" = 1 ] && tool_check "$dist" "$image"
 done
 exit $status
+}

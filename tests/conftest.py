@@ -313,6 +313,9 @@ def docker_ready() -> None:
         if res.returncode != 0:
             reason = f"cannot reach the docker daemon: {res.stderr.strip()[-300:]} (start dockerd; .ci/run does)"
     if reason:
+        skipped = REPO / "build" / "ci-docker.skipped"  # what scripts/ci-docker.sh skipped, and why (.ci/run)
+        if skipped.is_file():
+            reason += f"; {skipped.read_text().strip()}"
         require(f"no docker for the image tests: {reason} (with CI=true this is a failure)")
 
 

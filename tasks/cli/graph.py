@@ -230,9 +230,9 @@ def _do_mirror() -> None:
 
     for line in write_mirror(ctx, mirror, source=mirror):  # what the mirror already holds is kept
         print(line, flush=True)
-    from tasks.image.selfwheels import write_tool_wheels
+    from tasks.image.offline import tool_wheels
 
-    for line in write_tool_wheels(mirror / "tool"):  # the tool itself, for a build host without network
+    for line in tool_wheels(ctx, mirror / "tool"):  # the tool itself, for a build host without network
         print(f"  {line}", flush=True)
     print(f"mirror written to {mirror}", flush=True)
 

@@ -81,8 +81,25 @@ def print_variables(bin_name: str) -> None:
             print(f"  {'':{width}s}  in force: {name}={value} (from {source})")
 
 
+def print_version() -> None:
+    """``--version``: the tool's version and doit's, each with where it is imported from."""
+    import importlib.metadata
+
+    import doit
+
+    import tasks
+
+    try:
+        ours = importlib.metadata.version("reprostack")
+    except importlib.metadata.PackageNotFoundError:
+        ours = "(not installed: a checkout's tasks/ on the path)"
+    print(f"reprostack {ours} (tasks @ {os.path.dirname(os.path.abspath(tasks.__file__))})")
+    print(f"doit {'.'.join(map(str, doit.__version__))} (lib @ {os.path.dirname(os.path.abspath(doit.__file__))})")
+
+
 def _with_variables_help(main: Any) -> Any:
-    """``main`` (a DoitMain) whose ``help`` command, without arguments, ends with the variables."""
+    """``main`` (a DoitMain) whose ``help`` command, without arguments, ends with the variables, and whose
+    ``--version`` names the tool's version before doit's."""
     from doit.cmd_help import Help
 
     class HelpWithVariables(Help):  # type: ignore[misc]
@@ -105,6 +122,7 @@ def _with_variables_help(main: Any) -> Any:
         return found
 
     main.get_cmds = cmds
+    main.print_version = print_version
     return main
 
 

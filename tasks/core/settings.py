@@ -39,6 +39,8 @@ cluster    REPRO_CLUSTER       a Ray cluster that runs the compiles (docs/cluste
                                ``HOST:PORT`` (the head's GCS port) or ``auto``; default ``RAY_ADDRESS``;
                                ``off``: none, whatever ``RAY_ADDRESS`` says
 format     REPRO_FORMAT        ``doit plan``: ``text`` (default) or ``json`` (schema in docs/tasks.md)
+tool_python REPRO_TOOL_PYTHON  ``doit mirror``, ``doit bundle``: the CPythons the tool's ``tool/`` wheels install
+                               on besides this one (``3.12,3.13``; default: the lock's ``[runtime] python``)
 =========  ==================  ===============================================
 
 The workspace file ``reprostack.toml`` (in the directory doit runs in) holds defaults for this
@@ -89,6 +91,7 @@ VARIABLES = {
     "shard": ("REPRO_SHARD", ""),
     "cluster": ("REPRO_CLUSTER", ""),
     "format": ("REPRO_FORMAT", "text"),
+    "tool_python": ("REPRO_TOOL_PYTHON", ""),
 }
 
 
@@ -137,6 +140,8 @@ class Settings:
     memory: str = "unit"
     #: ``doit plan``'s output: ``text`` or ``json``.
     format: str = "text"
+    #: ``tool_python=``: CPython versions (``3.12``) the tool's wheels are written for besides this one; () the default.
+    tool_python: tuple[str, ...] = ()
     #: The variables the workspace's reprostack.toml supplied (see workspace_defaults).
     from_workspace: tuple[str, ...] = ()
 
@@ -268,6 +273,7 @@ def load_settings(doit_vars: dict[str, str] | None = None) -> Settings:
         cluster=cluster_address(_get("cluster", doit_vars).strip()),
         memory=memory,
         format=output,
+        tool_python=parse_pythons(_get("tool_python", doit_vars)),
         from_workspace=tuple(sorted(from_workspace)),
     )
 
@@ -341,6 +347,19 @@ def whole_number(raw: str) -> int | None:
     scripts' digits and refuses more than 4300 of them: neither may pass a check and then fail.
     """
     return int(raw) if re.fullmatch(r"[0-9]{1,18}", raw) else None
+
+
+def parse_pythons(raw: str) -> tuple[str, ...]:
+    """``3.12,3.13`` (commas or spaces) as ``("3.12", "3.13")``: CPython versions, major.minor."""
+    pythons = []
+    for word in raw.replace(",", " ").split():
+        m = re.fullmatch(r"3\.(\d{1,2})", word)
+        if m is None:
+            raise ReproError(
+                f"tool_python={raw!r}: give CPython versions as 3.N, comma-separated, e.g. tool_python=3.12,3.13"
+            )
+        pythons.append(f"3.{int(m.group(1))}")
+    return tuple(dict.fromkeys(pythons))
 
 
 def parse_shard(raw: str) -> tuple[int, int] | None:

@@ -48,6 +48,28 @@ def write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[s
         yield f"  runtime closure: {len(runtime.resolved)} wheels in {wheels} ({total / 1e6:.1f} MB)"
 
 
+def tool_pythons(ctx: Context) -> tuple[str, ...]:
+    """The CPythons the tool's wheels are written for besides this one: ``tool_python=``, else the lock's
+    ``[runtime] python`` (the node's)."""
+    runtime = ctx.runtime
+    return ctx.settings.tool_python or ((runtime.python,) if runtime is not None and runtime.python else ())
+
+
+def tool_wheels(ctx: Context, dest: Path) -> list[str]:
+    """The tool's own wheels in ``dest`` (tasks/image/selfwheels.py) for this Python and :func:`tool_pythons`, on
+    the lock's ``[runtime] platforms`` (else this machine's manylinux tags); lines to print."""
+    from tasks.image.selfwheels import write_tool_wheels
+
+    runtime = ctx.runtime
+    return write_tool_wheels(
+        dest,
+        pythons=tool_pythons(ctx),
+        platforms=runtime.platforms if runtime is not None else (),
+        store=ctx.cache.fetched,
+        log=ctx.settings.logs / "tool-wheels.log",
+    )
+
+
 def copy_pinned_wheels(src: Path, dest: Path, hashes: set[str]) -> None:
     """Copy the wheels of ``src`` whose sha256 is one of ``hashes`` into ``dest`` (so none is downloaded again)."""
     from tasks.core.treehash import file_sha256
@@ -61,7 +83,6 @@ def copy_pinned_wheels(src: Path, dest: Path, hashes: set[str]) -> None:
 def make_bundle(ctx: Context) -> Iterator[str]:
     """`doit bundle`: the wheelhouse, the exported image (``bundle_image=on``), the mirror (``bundle_mirror=on``),
     the lock and the tool's own wheels in one file; one line per step, then what to run on the other side."""
-    from tasks.image.selfwheels import write_tool_wheels
     from tasks.outside.unbundle import instruction
 
     st = ctx.settings
@@ -84,7 +105,7 @@ def make_bundle(ctx: Context) -> Iterator[str]:
             yield f"the bundle's mirror/, as `doit mirror` writes it for profile {st.profile}:"
             yield from write_mirror(ctx, mirror_dir, source=st.mirror)
         tool_dir = Path(tmp) / "tool"  # the tool's own wheels: it installs offline on the other side
-        for line in write_tool_wheels(tool_dir):
+        for line in tool_wheels(ctx, tool_dir):
             if line.startswith("note:"):  # (the install command for the other side is printed below)
                 yield line
         info = {"lock": ctx.lock.path.name, "lock_sha256": ctx.lock.sha256, "profile": st.profile}

@@ -59,6 +59,8 @@ ENV_PLACEHOLDERS = (
 TOOLCHAIN_EXTRAS = ("cudnn",)
 #: Placeholders that come from the CUDA install: a package using one needs nvcc to be found.
 CUDA_PLACEHOLDERS = ("cuda_home",)
+#: Placeholders filled from ``[toolchain] archs``: a package using one needs that list.
+ARCH_PLACEHOLDERS = ("archs", "archs_semicolon", "torch_arch_list", "cmake_archs", "cuda_gencode")
 
 
 # --------------------------------------------------------------------------- model
@@ -399,7 +401,7 @@ def _is_archs(v: Any) -> str | None:
 TOP_FIELDS = {
     "format": _Field(_is_int, required=True),
     "patches_dir": _Field(_is_str),
-    "toolchain": _Field(_is_table, required=True),
+    "toolchain": _Field(_is_table),
     "sources": _Field(_is_table, required=True),
     "packages": _Field(_is_table, required=True),
     "profiles": _Field(_is_table),
@@ -412,7 +414,7 @@ TOOLCHAIN_FIELDS = {
     "torch": _Field(_is_specifier),
     "torch_cuda": _Field(_is_specifier),
     "cuda": _Field(_is_specifier),
-    "archs": _Field(_is_archs, required=True),
+    "archs": _Field(_is_archs),  # required where a package compiles CUDA or uses an arch placeholder
     "hermetic": _Field(_is_table),
 }
 HERMETIC_FIELDS = {"requirements": _Field(_is_str_list), "wheels": _Field(_is_str_list)}
@@ -574,6 +576,7 @@ def parse_lock(
     image, builder = _parse_images(p, doc.get("image"), doc.get("builder"), path.parent)
     runtime = _parse_runtime(p, doc.get("runtime"))
     _check_wheel_sources(p, sources, packages, toolchain, runtime)
+    _check_archs(p, doc.get("toolchain"), packages)
     p.raise_if_any(require_pins)
     return Lock(
         unpinned=tuple(p.pins),
@@ -736,12 +739,30 @@ def _parse_toolchain(p: _Problems, raw: Any) -> Toolchain:
         torch=raw.get("torch", ""),
         torch_cuda=raw.get("torch_cuda", ""),
         cuda=raw.get("cuda", ""),
-        archs=tuple(raw["archs"]),
+        archs=tuple(raw.get("archs", ())),
         hermetic=_parse_hermetic(p, raw.get("hermetic")),
         hermetic_wheels=tuple(raw.get("hermetic", {}).get("wheels", []))
         if isinstance(raw.get("hermetic"), dict)
         else (),
     )
+
+
+def _check_archs(p: _Problems, raw: Any, packages: Mapping[str, Package]) -> None:
+    """``[toolchain] archs`` is required only where a package compiles CUDA (``cuda = true``) or puts the archs in
+    its ``env`` (an arch placeholder): a lock of pure-Python or C++ packages names no GPU."""
+    if isinstance(raw, dict) and "archs" in raw:
+        return
+    needing = [
+        name
+        for name, pkg in packages.items()
+        if pkg.cuda or any(f"{{{ph}}}" in v for _, v in pkg.env for ph in ARCH_PLACEHOLDERS)
+    ]
+    if needing:
+        p.add(
+            "toolchain",
+            f"archs is required: {', '.join(sorted(needing))} compile CUDA (cuda = true) or use an arch placeholder "
+            "in env; list the target GPUs, e.g. archs = ['sm_90a']",
+        )
 
 
 def _parse_hermetic(p: _Problems, raw: Any) -> tuple[WheelPin, ...]:

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 import zipfile
 from collections.abc import Iterator
@@ -63,7 +64,7 @@ license = "MIT"
 
 [packages.repro_pybind]
 source = "my-ext"
-build_requires = ["setuptools>=61", "pybind11>=2.10"]
+build_requires = ["setuptools>=61", "wheel", "pybind11>=2.10"]
 patches = ["0001-built-by.patch"]
 verify = {{ imports = ["repro_pybind", "repro_pybind._core"] }}
 
@@ -112,10 +113,14 @@ def installed_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         timeout=600,
     )
     _run([*vpip, "--no-deps", "--force-reinstall", str(wheel)], env=offline, timeout=600)
-    # The package's build requirements (builds run without isolation, with the tool's interpreter).
+    # The package's build requirements (builds run without isolation, with the tool's interpreter), installed as
+    # docs/your-package.md says: pip install of the lock's build_requires as written. A 3.11 venv already holds
+    # the setuptools that ensurepip bundles (65.5), which satisfies setuptools>=61 and has no bdist_wheel
+    # without `wheel`: the lock must name it (pip failed with "invalid command 'bdist_wheel'").
     build = root / "build-requirements"
-    requirements = selfwheels.write_wheels(build, ("setuptools", "pybind11"))
-    _run([*vpip, "--find-links", str(build), "--require-hashes", "-r", str(requirements)], env=offline, timeout=600)
+    selfwheels.write_wheels(build, ("setuptools", "wheel", "pybind11"))  # the index: this host's copies
+    requires = tomllib.loads(_lock("http://unused"))["packages"]["repro_pybind"]["build_requires"]
+    _run([*vpip, "--find-links", str(build), *requires], env=offline, timeout=600)
     code = "from tasks.image.image import tool_docker_dir as d; print(d())"
     where = _run([str(env_dir / "bin" / "python"), "-c", code], cwd=root)  # not the checkout: it is on sys.path there
     assert Path(where.stdout.strip()).is_relative_to(env_dir), where.stdout  # the installed copy, not the checkout's

@@ -56,7 +56,20 @@ def test_the_venvs_doit_is_ours_and_runs_doit() -> None:
         require(f"no doit script beside {sys.executable}")
     assert "tasks.cli.main" in script.read_text(), f"{script} is not the project's (pip install -e . writes it)"
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines()[0] == ".".join(map(str, doit.__version__))
+    tool, doit_line = out.splitlines()
+    assert tool.startswith(f"reprostack {importlib.metadata.version('reprostack')} (tasks @ "), out
+    assert doit_line.startswith(f"doit {'.'.join(map(str, doit.__version__))} (lib @ "), out
+
+
+def test_reprostack_version_names_the_tool_and_doit(tmp_path: Path) -> None:
+    """`reprostack --version` printed doit's version alone (0.37.0), as if the tool had none."""
+    res = _reprostack(tmp_path, "--version")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [
+        f"reprostack {importlib.metadata.version('reprostack')}",
+        f"doit {'.'.join(map(str, doit.__version__))}",
+    ], res.stdout
 
 
 def _reprostack(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -133,9 +146,12 @@ def test_the_tools_wheel_is_not_written_from_metadata_older_than_pyproject(tmp_p
 
 def test_the_tools_wheels_say_which_pythons_they_install_on(tmp_path: Path) -> None:
     """The tool's wheels are this installation's: a compiled dependency (charset-normalizer, built by mypyc)
-    installs on this Python only. `doit mirror` and `doit bundle` say so, naming the wheels, so that a GPU
-    host with another Python is not first told by pip's "no matching distribution"."""
+    installs on this Python only, unless tool_python= names others. `doit mirror` and `doit bundle` say so,
+    naming the distributions, so that a GPU host with another Python is not first told by pip's "no matching
+    distribution"."""
     import zipfile
+
+    from packaging.utils import parse_wheel_filename
 
     from tasks.image.selfwheels import write_tool_wheels
 
@@ -146,7 +162,7 @@ def test_the_tools_wheels_say_which_pythons_they_install_on(tmp_path: Path) -> N
             info = next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))
             tags = [x.split(":", 1)[1].strip() for x in z.read(info).decode().splitlines() if x.startswith("Tag:")]
         if not all(t.split("-")[0].startswith("py") or t.split("-")[1] == "abi3" for t in tags):
-            bound[wheel.name] = tags
+            bound[str(parse_wheel_filename(wheel.name)[0])] = tags
     notes = [x for x in lines if x.startswith("note:")]
     if not bound:
         assert notes == [], lines
@@ -154,3 +170,15 @@ def test_the_tools_wheels_say_which_pythons_they_install_on(tmp_path: Path) -> N
     (note,) = notes
     mine = f"CPython {sys.version_info.major}.{sys.version_info.minor}"
     assert f"install on {mine} only" in note and all(name in note for name in bound), (note, bound)
+    assert "tool_python=" in note, note
+
+
+def test_tool_python_is_checked() -> None:
+    """tool_python= takes CPython versions, major.minor, comma-separated."""
+    from tasks.core.errors import ReproError
+    from tasks.core.settings import parse_pythons
+
+    assert parse_pythons("3.12, 3.13,3.12") == ("3.12", "3.13") and parse_pythons("") == ()
+    for bad in ("3", "3.12.1", "py3.12", "2.7", "3.x"):
+        with pytest.raises(ReproError, match="tool_python="):
+            parse_pythons(bad)

@@ -96,6 +96,24 @@ def test_short_commit_and_bad_arch_and_unknown_references() -> None:
     assert "[profiles.minimal.packages.fa33] overrides unknown package 'fa33' (perhaps you meant 'fa3'?)" in msg
 
 
+def test_archs_are_required_only_where_a_package_needs_them() -> None:
+    """A lock of pure-Python or C++ packages names no GPU: no [toolchain] archs (and no [toolchain]) needed.
+    A CUDA package (cuda = true) or an arch placeholder in a package's env still needs them."""
+    doc = good_doc()
+    del doc["toolchain"]["archs"]
+    with pytest.raises(LockError, match=r"\[toolchain\] archs is required: fa3 compile CUDA"):
+        parse(doc)
+    del doc["packages"]["fa3"]["cuda"]  # its env still says {torch_arch_list}
+    with pytest.raises(LockError, match=r"archs is required: fa3"):
+        parse(doc)
+    del doc["packages"]["fa3"], doc["profiles"]
+    lock = parse(doc)
+    assert lock.toolchain.archs == () and set(lock.packages) == {"fa2"}
+    del doc["toolchain"]
+    assert parse(doc).toolchain.archs == ()
+    assert parse({"format": 1, "sources": {}, "packages": {}}).packages == {}
+
+
 def test_missing_pins_are_errors_except_while_locking() -> None:
     doc = good_doc()
     del doc["sources"]["repo"]["commit"]
