@@ -240,6 +240,25 @@ def staged_view(ctx: Context, pkg: Package, scratch: Path) -> TreeView | str:
 # --------------------------------------------------------------------------- after a build: the record
 
 
+#: The directory a run's ccache masquerade lives in (tasks/env/objcache.py): gone once the run has ended.
+_MASQUERADE_DIR = re.compile(r"^(ccache-bin-\d+|reprostack-ccache-.*)$")
+
+
+def real_compiler(path: str) -> str:
+    """The compiler ``path`` stands for: itself, or where it is in ccache's masquerade directory (a run's own,
+    gone when the run ends: ``PYTORCH_NVCC`` names it), the compiler of that name on ``PATH`` outside it, which
+    ccache ran and keyed on by its content; '' for none. (Recorded as the masquerade's path, every nvcc unit of
+    TransformerEngine counted as compiling at the next plan: "compiler .../ccache-bin-10763/nvcc is gone".)"""
+    if not path:
+        return ""
+    where = Path(path)
+    if not _MASQUERADE_DIR.match(where.parent.name):
+        return path
+    search = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep) if d and Path(d) != where.parent)
+    found = shutil.which(where.name, path=search)
+    return os.path.realpath(found) if found else path
+
+
 def record(
     ctx: Context,
     pkg: Package,
@@ -300,13 +319,14 @@ def record(
         if run.manifest_key and run.result_key:
             listed = objcache.manifest_inputs(ccache, ctx.cache.objects, run.manifest_key, run.result_key)
             inputs.extend(file_index(p, run.cwd) for p in listed or [])
-        if run.compiler and run.compiler not in compilers:
-            compilers[run.compiler] = hashes.sha256(Path(run.compiler)) or ""
+        compiler = real_compiler(run.compiler)
+        if compiler and compiler not in compilers:
+            compilers[compiler] = hashes.sha256(Path(compiler)) or ""
         units[os.path.normpath(os.path.join(run.cwd, output))] = history.UnitRecord(
             name=name,
             object=output,
             command=run.command,
-            compiler=run.compiler,
+            compiler=compiler,
             manifest=run.manifest_key,
             result=run.result_key,
             inputs=tuple(dict.fromkeys(inputs)),
@@ -531,7 +551,7 @@ def predict(
                 return ""
             return "comments" if code and hashes.code(where) == code else "changed"
 
-        compilers_now = {path: (hashes.sha256(Path(path)) or "") for path in records.compilers}
+        compilers_now = {path: (hashes.sha256(Path(real_compiler(path))) or "") for path in records.compilers}
         for u in records.units:
             if u.outcome == "uncached":
                 calls.append(

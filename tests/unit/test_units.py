@@ -12,6 +12,7 @@ import pytest
 from tasks.cli.plan import diff_inputs, nearest
 from tasks.core.digest import canonical_json
 from tasks.engine.forecast import PackageWork, UnitForecast, package_work, simulate
+from tasks.stages import units
 from tasks.stages.patch import Patch
 from tasks.stages.units import TreeView, code_digest, touched
 from tasks.store import history
@@ -216,3 +217,24 @@ def test_the_forecast_runs_the_predicted_units_and_takes_the_serial_part_from_th
     assert simulate([work], slots=2).wall_s == 100.0
     alone = simulate([PackageWork("te", work.units[1:], serial_s=60.0)], slots=2).wall_s
     assert alone == pytest.approx(60.05)
+
+
+def test_a_compiler_named_through_the_masquerade_is_the_real_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ccache's masquerade (a run's ccache-bin-PID/nvcc, PYTORCH_NVCC) is keyed as the nvcc it runs: found by name
+    on PATH outside it, also once the run has removed it."""
+    real = tmp_path / "cuda" / "bin"
+    real.mkdir(parents=True)
+    (real / "nvcc").write_text("#!/bin/sh\n")
+    (real / "nvcc").chmod(0o755)
+    masquerade = tmp_path / "objcache" / "ccache-bin-4242"
+    masquerade.mkdir(parents=True)
+    (masquerade / "nvcc").symlink_to("/usr/bin/true")
+    monkeypatch.setenv("PATH", f"{masquerade}:{real}:/usr/bin")
+    assert units.real_compiler(str(masquerade / "nvcc")) == str(real / "nvcc")
+    (masquerade / "nvcc").unlink()
+    masquerade.rmdir()  # the run ended
+    assert units.real_compiler(str(masquerade / "nvcc")) == str(real / "nvcc")
+    assert units.real_compiler(str(real / "nvcc")) == str(real / "nvcc")  # a compiler of its own stays
+    assert units.real_compiler("") == ""
