@@ -6,7 +6,10 @@ scenario as a plan (``plan format=json``: its forecast, its predicted units, how
 then the build it forecast (``wheels``: its wall time, each package's object-cache hits and misses):
 
 - ``cold``: empty caches, the lock's hints alone;
-- ``records``: empty wheel and object caches, but the build records (``timings/``) of ``cold``'s run;
+- ``hints``: the plan of ``cold`` alone, without its build (where a build of the same kind ran elsewhere on
+  this host: the docs walk's, ``--hints-actual`` gives its seconds);
+- ``records``: empty wheel and object caches, but the build records (``timings/``) of ``cold``'s run (or of
+  the cache ``--records-from`` names);
 - ``patchline``: a patch of ``--package`` gains a trailing empty line (the patched tree is the same);
 - ``edit``: a line of code appended to one ``.cu`` file of ``--package`` (a hunk added to its last patch);
 - ``noop``: nothing changed.
@@ -31,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("cold", "records", "patchline", "edit", "noop")
+SCENARIOS = ("cold", "hints", "records", "patchline", "edit", "noop")
 
 
 def run(cmd: list[str], cwd: Path, log: Path) -> tuple[int, str, float]:
@@ -99,6 +102,8 @@ def main() -> int:
     ap.add_argument("--package-dir", default="transformer_engine", help="where its .cu files are in its tree")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--extra", default="", help="more variables for every run, e.g. 'jobs=64'")
+    ap.add_argument("--records-from", type=Path, help="the cache whose timings/ the records scenario starts from")
+    ap.add_argument("--hints-actual", type=float, help="seconds of a cold build like the hints scenario's plan")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     tool = args.tool.split()
@@ -120,9 +125,11 @@ def main() -> int:
     for scenario in [s for s in args.scenarios.split(",") if s]:
         if scenario not in SCENARIOS:
             raise SystemExit(f"unknown scenario {scenario!r}: {', '.join(SCENARIOS)}")
+        if scenario == "hints":
+            cache, wheels = work / "cache-hints", work / "wheels-hints"
         if scenario == "records":  # a new cache that keeps only the build records of the cold run
             cache, wheels = work / "cache-records", work / "wheels-records"
-            shutil.copytree(work / "cache-cold" / "timings", cache / "timings")
+            shutil.copytree((args.records_from or work / "cache-cold") / "timings", cache / "timings")
         try:
             if scenario == "patchline":
                 listed[0].write_bytes(saved[listed[0]] + b"\n")
@@ -134,9 +141,12 @@ def main() -> int:
             if code != 0:
                 raise SystemExit(f"{scenario}: plan failed, see {work / f'{scenario}-plan.log'}")
             plan = json.loads(out[out.index("{") : out.rindex("}") + 1])
-            code, out, wall = run([*tool, "wheels", *variables], lockdir, work / f"{scenario}-wheels.log")
-            if code != 0:
-                raise SystemExit(f"{scenario}: wheels failed, see {work / f'{scenario}-wheels.log'}")
+            if scenario == "hints":  # the build is the one --hints-actual names
+                out, wall = "", args.hints_actual or 0.0
+            else:
+                code, out, wall = run([*tool, "wheels", *variables], lockdir, work / f"{scenario}-wheels.log")
+                if code != 0:
+                    raise SystemExit(f"{scenario}: wheels failed, see {work / f'{scenario}-wheels.log'}")
         finally:
             for p, data in saved.items():
                 p.write_bytes(data)

@@ -339,16 +339,19 @@ def _valid(line: str) -> bool:
 def provided_needs(
     requires: Mapping[str, Sequence[str]], provided: Mapping[str, Sequence[str]], target: Target
 ) -> dict[str, list[str]]:
-    """key (a wheel) -> the provided distributions it needs: those its ``requires`` name, then, through each of
-    those's own requirements (``provided``: canonical name -> its Requires-Dist; one with none known is followed
-    no further), what they need of the provided set, with the extras asked for; markers evaluated for the target.
+    """key (a wheel) -> the provided distributions it needs, each as a requirement: its name and the version
+    specifiers of every requirement that reached it (``typing-extensions>=4.10.0``; a bare name where none asks
+    for a version): those its ``requires`` name, then, through each of those's own requirements (``provided``:
+    canonical name -> its Requires-Dist; one with none known is followed no further), what they need of the
+    provided set, with the extras asked for; markers evaluated for the target.
 
     What `doit preflight` and isolated `doit verify` hold a node to: a provided distribution no wheel needs may
-    differ from the captured base without breaking the wheels."""
+    differ from the captured base without breaking the wheels, and one they need at a version every requirement
+    on the way accepts."""
     env = target.environment()
     needs_of: dict[str, list[str]] = {}
     for key, lines in requires.items():
-        needs: set[str] = set()
+        needs: dict[str, set[str]] = {}
         followed: set[tuple[str, str]] = set()
         todo = [(line, "") for line in lines]
         while todo:
@@ -362,12 +365,12 @@ def provided_needs(
             name = str(canonicalize_name(req.name))
             if name not in provided:
                 continue
-            needs.add(name)
+            needs.setdefault(name, set()).update(str(spec) for spec in req.specifier)
             for asked in ["", *sorted(req.extras)]:
                 if (name, asked) not in followed:
                     followed.add((name, asked))
                     todo += [(sub, asked) for sub in provided[name]]
-        needs_of[key] = sorted(needs)
+        needs_of[key] = [name + ",".join(sorted(specs)) for name, specs in sorted(needs.items())]
     return needs_of
 
 

@@ -22,8 +22,10 @@ Checks, one line each with what was found and what is needed:
   (their ``Requires-Dist: torch==``) and were compiled with;
 - ``provided``: the installed distributions against the provided set the closure was resolved around: those
   the wheels need (each wheel's ``needs`` in preflight.json: what it requires of the provided set, followed
-  through the provided distributions' own requirements) must be installed at their captured versions; any
-  other difference from the captured base is a note (``--strict``: every provided distribution must be).
+  through the provided distributions' own requirements, with the version specifiers of each requirement on
+  the way) must be installed at a version those specifiers accept (format 2, without specifiers: at their
+  captured versions); any other difference from the captured base is a note (``--strict``: every provided
+  distribution must be at its captured version).
 
 Its inputs are not trusted (docs/security.md): preflight.json must be a regular file of at most
 ``MAX_SPEC_BYTES`` of the shape :func:`check_spec` describes, and each wheel it names a plain file name of
@@ -51,10 +53,11 @@ from typing import Any
 
 #: What `doit wheels` writes beside this file.
 SPEC_FILE = "preflight.json"
-#: 2: each wheel says which provided distributions it needs (``needs``). 1 (no ``needs``) is still read: every
-#: provided distribution is then needed.
-SPEC_FORMAT = 2
-READ_FORMATS = (1, 2)
+#: 3: each wheel's ``needs`` are requirements (a name and the version specifiers that reached it). 2: names
+#: (then needed at their captured versions). 1 (no ``needs``) is still read: every provided distribution is
+#: then needed at its captured version.
+SPEC_FORMAT = 3
+READ_FORMATS = (1, 2, 3)
 #: The most this checker reads of preflight.json, and of one wheel's METADATA.
 MAX_SPEC_BYTES = 32 * 1024 * 1024
 MAX_METADATA_BYTES = 8 * 1024 * 1024
@@ -380,16 +383,58 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def needed_provided(spec: dict[str, Any]) -> dict[str, list[str]]:
-    """canonical name -> the wheels that need that provided distribution (preflight.json's ``needs``); a format 1
-    description says nothing of it: every provided distribution is then needed, by the provided set itself."""
+_NEED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)((?:(?:===|==|!=|~=|>=|<=|>|<)[A-Za-z0-9.*+!_-]+,?)*)$")
+
+
+def needed_provided(spec: dict[str, Any]) -> dict[str, tuple[list[str], list[str] | None]]:
+    """canonical name -> (the wheels that need that provided distribution, the version specifiers they need it
+    at; None: at its captured version), from preflight.json's ``needs``; a format 1 description says nothing of
+    it: every provided distribution is then needed, at its captured version, by the provided set itself."""
     if spec["format"] < 2:
-        return {canonical(line.partition("==")[0]): [] for line in spec["provided"]}
-    needed: dict[str, list[str]] = {}
+        return {canonical(line.partition("==")[0]): ([], None) for line in spec["provided"]}
+    needed: dict[str, tuple[list[str], list[str] | None]] = {}
     for wheel in spec["wheels"]:
-        for name in wheel["needs"]:
-            needed.setdefault(canonical(name), []).append(wheel["filename"])
+        for need in wheel["needs"]:
+            m = _NEED.match(need)
+            if m is None:
+                continue  # (check_spec refused it)
+            users, specifiers = needed.setdefault(canonical(m.group(1)), ([], [] if spec["format"] >= 3 else None))
+            users.append(wheel["filename"])
+            if specifiers is not None:
+                specifiers.extend(p for p in m.group(2).split(",") if p)
     return needed
+
+
+def _release_numbers(version: str) -> tuple[int, ...]:
+    """The release numbers of a version (``2.11.0+cu130`` -> (2, 11), trailing zeros dropped); pre-, post- and
+    dev-release parts are not compared (a node holds released versions)."""
+    m = re.match(r"^v?(\d+(?:\.\d+)*)", version.strip().lower())
+    parts = [int(p) for p in m.group(1).split(".")] if m else []
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def satisfies(version: str, specifier: str) -> bool:
+    """Whether ``version`` meets one PEP 440 specifier (``>=4.10``, ``==2.11.*``, ``~=1.4.2``, ``!=3.0``) by its
+    release numbers; an operator this does not know is met (pip check on the node says the rest)."""
+    m = re.match(r"^(===|==|!=|~=|>=|<=|>|<)(.+)$", specifier.strip())
+    if m is None:
+        return True
+    op, want = m.group(1), m.group(2).strip()
+    if op == "===":
+        return version == want
+    have = _release_numbers(version.split("+")[0])
+    if want.endswith(".*") and op in ("==", "!="):
+        prefix = tuple(int(p) for p in want[:-2].split(".") if p.isdigit())
+        padded = have + (0,) * max(0, len(prefix) - len(have))
+        return (padded[: len(prefix)] == prefix) == (op == "==")
+    target = _release_numbers(want.split("+")[0])
+    if op == "~=":
+        stem = _release_numbers(want)[:-1] if len(want.split(".")) > 1 else target
+        return have >= target and have[: len(stem)] == stem
+    return {"==": have == target, "!=": have != target, ">=": have >= target, "<=": have <= target,
+            ">": have > target, "<": have < target}[op]  # fmt: skip
 
 
 def _some(items: list[str], most: int = 8) -> str:
@@ -398,11 +443,14 @@ def _some(items: list[str], most: int = 8) -> str:
 
 
 def provided_check(
-    provided: list[str], node: dict[str, Any], needed: dict[str, list[str]] | None = None, strict: bool = False
+    provided: list[str],
+    node: dict[str, Any],
+    needed: dict[str, tuple[list[str], list[str] | None]] | None = None,
+    strict: bool = False,
 ) -> dict[str, Any]:
     """The node's distributions against the provided set: those the wheels need (``needed``; None: all of them)
-    must be installed at their captured versions; the rest of the captured base is compared too, and a
-    difference there is a note, or, ``strict``, a failure."""
+    must be installed, at a version every specifier that reached them accepts (None: at the captured version);
+    any other difference from the captured base is compared too, and is a note, or, ``strict``, a failure."""
     if not provided:
         return check("provided", "SKIP", "not asked", "none: the lock's [runtime] provides nothing")
     wanted, other_drift, seen, failed = [], [], [], []
@@ -410,33 +458,42 @@ def provided_check(
         name, _, version = line.partition("==")
         key = canonical(name)
         is_needed = strict or needed is None or key in needed
+        users, specifiers = (needed or {}).get(key, ([], None))
+        exact = strict or specifiers is None
         if is_needed:
             wanted.append(line)
         have = node.get("dists", {}).get(name)
         problem = ""
+        drift = ""
         if not have:
             problem = f"{name} not installed"
-        elif version and (have != version if "+" in version else _public(have) != version):
-            problem = f"{name} is {have}, not {version}"
-        elif is_needed:
-            seen.append(f"{name} {have}")
+        else:
+            if version and (have != version if "+" in version else _public(have) != version):
+                drift = f"{name} is {have}, not {version}"
+            refused = [s for s in specifiers or [] if not satisfies(have, s)]
+            if refused:
+                problem = f"{name} is {have}, not {','.join(refused)}"
+            elif drift and exact:
+                problem = drift
+            if is_needed and not problem:
+                seen.append(f"{name} {have}")
         if problem and is_needed:
-            users = (needed or {}).get(key, [])
             failed.append(problem + (f" (needed by {_some(users, 3)})" if users else ""))
-        elif problem:
-            other_drift.append(problem)
+        elif problem or drift:
+            other_drift.append(problem or drift)
     if strict:
         needed_text = f"every provided distribution ({len(provided)}) at its captured version (--strict)"
     elif needed is None:
         needed_text = f"every provided distribution ({len(provided)}) at its captured version (format 1)"
     else:
-        needed_text = (f"the {len(wanted)} of the {len(provided)} provided distributions the wheels need, at their "
-                       "captured versions")  # fmt: skip
+        needed_text = (f"the {len(wanted)} of the {len(provided)} provided distributions the wheels need, at a "
+                       "version their requirements accept")  # fmt: skip
     found = _some(seen) if seen else ("none of them" if wanted else "nothing needed")
     note = ""
     if other_drift:
-        note = (f"note: {len(other_drift)} other difference{'s' if len(other_drift) > 1 else ''} from the captured "
-                f"base, which no wheel needs: {_some(other_drift)} (--strict fails on them)")  # fmt: skip
+        count = f"{len(other_drift)} other difference{'s' if len(other_drift) > 1 else ''}"
+        note = (f"note: {count} from the captured base, which the wheels' needs allow: "
+                f"{_some(other_drift)} (--strict fails on them)")  # fmt: skip
     if failed:
         return check("provided", "FAIL", found, needed_text, "; ".join(failed) + ("; " + note if note else ""))
     return check("provided", "PASS", found, needed_text, note)
@@ -516,10 +573,11 @@ _PROVIDED_LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?$
 def check_spec(spec: object) -> dict[str, Any]:
     """preflight.json as this checker reads it, or :class:`Unreadable` naming the first field of another shape::
 
-    {"format": 2, "archs": [str], "provided": ["name==version" or "name"],
+    {"format": 3, "archs": [str], "provided": ["name==version" or "name"],
      "build": {"cuda", "torch", "torch_cuda", "glibc", "machine": str, "torch_cxx11_abi": bool or null},
      "wheels": [{"filename": a wheel's file name, "package": str, "cuda": bool, "origin": str,
-                 "needs": [name]}]}   (format 1: no "needs")
+                 "needs": [name with its version specifiers, "typing-extensions>=4.10.0"]}]}
+    (format 2: "needs" holds names only; format 1: no "needs")
     """
     if not isinstance(spec, dict):
         raise Unreadable(f"not a JSON object but {type(spec).__name__}")
@@ -560,6 +618,9 @@ def check_spec(spec: object) -> dict[str, Any]:
         if not isinstance(wheel.get("cuda", False), bool):
             raise Unreadable(f"wheels[{i}].cuda is neither true nor false")
         needs = strings(wheel.get("needs", []), f"wheels[{i}].needs")
+        bad = [n for n in needs if not _NEED.match(n)]
+        if bad:
+            raise Unreadable(f"wheels[{i}].needs: {bad[0][:80]!r} is not a distribution's name with version specifiers")
         checked.append({"filename": filename, "package": wheel.get("package", ""), "cuda": wheel.get("cuda", False),
                         "origin": wheel.get("origin", ""), "needs": needs})  # fmt: skip
     return {"format": int(fmt), "archs": strings(spec.get("archs", []), "archs"), "build": dict(build),

@@ -253,26 +253,36 @@ def _provide(session: VerifySession, base: Mapping[str, Any], apart_note: str = 
             for top in sorted(tops):
                 if not top.startswith(".."):
                     _link_merged(location / top, shared / top)
+    from tasks.outside.preflight import satisfies
+
     needed = _needed(session)
     missing, drift = [], []
     for name, line in lines.items():
         dist = found["dists"].get(name, {"found": False})
         version = line.split("==", 1)[1] if "==" in line else ""
+        users, specifiers = (needed or {}).get(name, ([], None))
+        is_needed = needed is None or name in needed
         problem = ""
         if not dist.get("found"):
             elsewhere = "; this tool's own venv has one, which does not count" if dist.get("hidden") else ""
             problem = f"{line} (not installed for {session.python}{elsewhere})"
         elif version and dist["version"].split("+")[0] != version.split("+")[0]:
             problem = f"{line} (the base interpreter has {dist['version']})"
-        if problem and (needed is None or name in needed):
-            missing.append(problem + (f" needed by {_some(needed[name], 2)}" if needed and needed[name] else ""))
+            refused = [s for s in specifiers or [] if not satisfies(dist["version"], s)]
+            if is_needed and specifiers is not None and not refused:
+                drift.append(problem)  # another version than captured, which what needs it accepts (as preflight)
+                continue
+            if refused:
+                problem += f", not {','.join(refused)}"
+        if problem and is_needed:
+            missing.append(problem + (f" needed by {_some(users, 2)}" if users else ""))
         elif problem:
             drift.append(problem)
     for site_dir in _venv_site_dirs(session.venv):
         write_atomic(site_dir / "_repro_provided.pth", f"{shared}\n")
     note = ""
     if drift:
-        note = (f"; note: {_n(len(drift), 'distribution')} of the captured base that no wheel needs differ: "
+        note = (f"; note: {_n(len(drift), 'distribution')} of the captured base differ where the wheels do not care: "
                 f"{'; '.join(drift[:6])}{' ...' if len(drift) > 6 else ''}")  # fmt: skip
     if missing:
         return Row(
@@ -292,9 +302,10 @@ def _provide(session: VerifySession, base: Mapping[str, Any], apart_note: str = 
     )
 
 
-def _needed(session: VerifySession) -> dict[str, list[str]] | None:
-    """canonical name -> the wheels that need that provided distribution, from the wheelhouse's preflight.json
-    (read as the node's checker reads it); None (every provided distribution needed) without one of format 2."""
+def _needed(session: VerifySession) -> dict[str, tuple[list[str], list[str] | None]] | None:
+    """canonical name -> the wheels that need that provided distribution and the version specifiers they need it
+    at (None: its captured version), from the wheelhouse's preflight.json (read as the node's checker reads it);
+    None (every provided distribution needed) without one of format 2 or later."""
     from tasks.outside import preflight
 
     try:

@@ -120,6 +120,7 @@ def make_site(site: Path, server: FixtureServer) -> dict[str, str]:
     lockdir.mkdir(parents=True)
     (lockdir / "sources.lock").write_text(lock_text_for(server.url))
     shutil.copytree(REPO / "examples" / "patches", lockdir / "patches")
+    shutil.copytree(REPO / "bases", lockdir / "bases")  # as this repository has them beside sources.lock
     mine = shared / "my-stack"
     shutil.copytree(REPO / "examples" / "patches" / "repro_pure", mine / "patches" / "repro_pure")
     (mine / "sources.lock").write_text(your_lock(server.url))

@@ -34,8 +34,9 @@ def test_unmet_names_each_requirement_with_what_the_closure_has() -> None:
 
 def test_each_wheel_needs_what_it_requires_of_the_provided_set_and_what_that_requires() -> None:
     """What preflight.json records per wheel: the provided distributions its requirements name, followed through
-    their own (the base capture's), with the extras asked for and the markers of the target; nothing else of
-    the base (uv), and nothing a marker leaves out."""
+    their own (the base capture's), with the extras asked for and the markers of the target, each with the
+    version specifiers of the requirements that reached it; nothing else of the base (uv), and nothing a marker
+    leaves out."""
     base = {
         "torch": ["filelock", "typing-extensions>=4.10.0", "sympy>=1.13", 'triton==3.6.0; platform_system == "Linux"',
                   'optree>=0.13.0; extra == "optree"', 'pywin; platform_system == "Windows"'],
@@ -51,12 +52,14 @@ def test_each_wheel_needs_what_it_requires_of_the_provided_set_and_what_that_req
         "none.whl": [],
     }
     assert provided_needs(requires, base, TARGET) == {
-        "te.whl": ["filelock", "mpmath", "sympy", "torch", "triton", "typing-extensions"],
-        "pydantic.whl": ["typing-extensions"],
-        "opt.whl": ["filelock", "mpmath", "optree", "sympy", "torch", "triton", "typing-extensions"],
+        "te.whl": ["filelock", "mpmath<1.4,>=1.1.0", "sympy>=1.13", "torch==2.11.0", "triton==3.6.0",
+                   "typing-extensions>=4.10.0"],
+        "pydantic.whl": ["typing-extensions>=4.14"],
+        "opt.whl": ["filelock", "mpmath<1.4,>=1.1.0", "optree>=0.13.0", "sympy>=1.13", "torch>=2", "triton==3.6.0",
+                    "typing-extensions>=4.10.0"],
         "legacy.whl": [],
         "none.whl": [],
-    }
+    }  # fmt: skip
 
 
 def test_a_stored_closure_wheel_is_checked_again_and_a_changed_one_fetched_again(

@@ -250,17 +250,21 @@ def test_a_pin_without_a_local_label_takes_pypis_cuda_torch_as_pip_does(tmp_path
 
 def test_the_provided_set_fails_only_on_what_the_wheels_need(tmp_path: Path) -> None:
     """The captured base holds uv, which no wheel needs: a node without it passes, with a note (issue 38: a GPU
-    node was refused for it). A node lacking, or holding another version of, what a wheel needs fails, naming
-    it and the wheel; --strict asks every provided distribution, as the format 1 description did."""
-    provided = ["triton==3.6.0", "nvidia-nccl", "uv==0.11.15"]
+    node was refused for it). A node lacking what a wheel needs, or holding a version the requirements on the
+    way refuse (torch's triton==3.6.0), fails, naming it and the wheel; another version they accept (setuptools,
+    which torch requires without a version: a node was refused for 80.10.2 against the captured 81.0.0) is a
+    note; --strict asks every provided distribution at its captured version, as the format 1 description did."""
+    provided = ["triton==3.6.0", "nvidia-nccl", "uv==0.11.15", "setuptools==81.0.0"]
     wheels = house(tmp_path, wheels=[("pure", "py3-none-any", False)], archs=[], provided=provided,
-                   needs=("triton", "nvidia-nccl"))  # fmt: skip
-    node = target(tmp_path / "ok", torch=None, dists={"triton": "3.6.0", "nvidia-nccl": "2"})
+                   needs=("triton==3.6.0", "nvidia-nccl", "setuptools"))  # fmt: skip
+    node = target(tmp_path / "ok", torch=None, dists={"triton": "3.6.0", "nvidia-nccl": "2", "setuptools": "80.10.2"})
     code, out, doc = run(wheels, node, None)
     assert code == 0, out
     said = line(out, "provided")
-    assert said.startswith("PASS  provided  found: triton 3.6.0, nvidia-nccl 2; needed: the 2 of the 3 provided"), said
-    assert "note: 1 other difference from the captured base, which no wheel needs: uv not installed" in said, said
+    assert said.startswith("PASS  provided  found: triton 3.6.0, nvidia-nccl 2, setuptools 80.10.2; needed: the 3 of "
+                           "the 4 provided"), said  # fmt: skip
+    assert ("note: 2 other differences from the captured base, which the wheels' needs allow: uv not installed, "
+            "setuptools is 80.10.2, not 81.0.0") in said, said  # fmt: skip
     assert status(doc, "provided") == "PASS" and doc["ok"] is True
 
     code, out, doc = run(wheels, node, None, "--strict")  # exact equality with the captured base
@@ -269,8 +273,8 @@ def test_the_provided_set_fails_only_on_what_the_wheels_need(tmp_path: Path) -> 
     code, out, _doc = run(wheels, target(tmp_path / "bad", torch=None, dists={"triton": "3.5.0"}), None)
     assert code == 21, out
     assert (
-        "-- triton is 3.5.0, not 3.6.0 (needed by pure-0.1.0-py3-none-any.whl); nvidia-nccl not installed "
-        "(needed by pure-0.1.0-py3-none-any.whl); note: 1 other difference"
+        "-- triton is 3.5.0, not ==3.6.0 (needed by pure-0.1.0-py3-none-any.whl); nvidia-nccl not installed "
+        "(needed by pure-0.1.0-py3-none-any.whl); setuptools not installed (needed by"
     ) in line(out, "provided"), out
 
     spec = json.loads((wheels / "preflight.json").read_text())  # what an older wheelhouse says: no needs
@@ -370,3 +374,14 @@ def test_a_fifo_or_a_device_in_the_wheelhouse_is_refused_without_reading_it(tmp_
     wheel.rmdir()
     wheel.write_bytes(b"not a zip")
     assert f"{wheel} is not a readable wheel (BadZipFile" in _unreadable(wheels)
+
+
+@pytest.mark.parametrize(
+    ("version", "specifier", "met"),
+    [("4.16.0", ">=4.10.0", True), ("4.9", ">=4.10.0", False), ("2.11.0+cu130", "==2.11.0", True),
+     ("2.11.1", "==2.11.*", True), ("2.12.0", "==2.11.*", False), ("1.4.5", "~=1.4.2", True), ("1.5", "~=1.4.2", False),
+     ("1.13", "<1.4", False), ("1.3.9", "<1.4", True), ("3.0", "!=3.0.0", False), ("81.0.0", "", True),
+     ("2.0", ">2", False), ("2.0.1", ">2", True), ("x", "~~1", True)],
+)  # fmt: skip
+def test_which_versions_a_specifier_accepts(version: str, specifier: str, met: bool) -> None:
+    assert preflight.satisfies(version, specifier) is met
