@@ -44,11 +44,15 @@ STEPS = 20
 RUNS = ("bf16", "fp8")
 #: Each run's last loss at most this fraction of its first.
 LOSS_FALLS_TO = 0.7
-#: At every step, |fp8 loss - bf16 loss| at most this fraction of the bf16 run's first loss. The loss falls by
-#: up to half a nat a step in the middle of the runs (from about 7 to below 1: a dense model of this size on
-#: this data, measured on a CPU in float32), so a step's lag is about 0.07 of the first loss; an FP8 path that
-#: does not train (a wrong scale, garbage GEMMs) stays near the first loss, far outside.
+#: The fp8 run trains no worse than the bf16 run by more than this fraction of the bf16 run's first loss: its mean
+#: loss over the steps and its last loss at most that above the bf16 run's; and both start from the same loss
+#: (the same weights and batch) to :data:`FP8_FIRST_STEP`. Not step by step: in the steep part of the curve a
+#: tiny model's two runs drop a few steps apart, FP8 earlier as often as later (on one H200, fp8 7.03 -> 0.91
+#: and bf16 7.04 -> 1.89, 1.7 apart at step 11; on four, fp8 0.14 above bf16 at the end). An FP8 path that does
+#: not train (a wrong scale, garbage GEMMs) stays near the first loss: its mean is about 3 above, far outside.
 FP8_TOLERANCE = 0.1
+#: The fp8 and bf16 runs' first losses (before any update: only the forward's FP8 rounding) agree to this fraction.
+FP8_FIRST_STEP = 0.01
 #: Ranks report the data-parallel average of the loss: they agree to this relative difference.
 RANKS_AGREE = 1e-5
 #: Seconds a rank has to exit after torchrun ended before it counts as a stray (and is stopped).
@@ -543,15 +547,26 @@ def _loss_rows(curves: Mapping[str, list[float]], launch: Launch, disagree: str 
         versus = Row(package=PACKAGE, check="train-fp8-vs-bf16", status="SKIP", detail="not both runs were asked for")
         return [falls, versus]
     allowed = FP8_TOLERANCE * bf16[0]
-    diffs = [abs(a - b) for a, b in zip(fp8, bf16, strict=False)]
-    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    mean_fp8, mean_bf16 = statistics.fmean(fp8), statistics.fmean(bf16)
+    problems = []
+    if abs(fp8[0] - bf16[0]) > FP8_FIRST_STEP * bf16[0]:
+        problems.append(f"first losses apart: fp8 {fp8[0]:.4f}, bf16 {bf16[0]:.4f} (at most {FP8_FIRST_STEP:g} x)")
+    if mean_fp8 > mean_bf16 + allowed:
+        problems.append(f"mean loss fp8 {mean_fp8:.4f} above bf16 {mean_bf16:.4f} by more than {allowed:.4f}")
+    if fp8[-1] > bf16[-1] + allowed:
+        problems.append(f"last loss fp8 {fp8[-1]:.4f} above bf16 {bf16[-1]:.4f} by more than {allowed:.4f}")
+    diffs = [a - b for a, b in zip(fp8, bf16, strict=False)]
+    worst = max(range(len(diffs)), key=lambda i: abs(diffs[i]))
     told = (
-        f"max |fp8 - bf16| {diffs[worst]:.4f} at step {worst} (fp8 {fp8[worst]:.4f}, bf16 {bf16[worst]:.4f}); "
-        f"tolerance {allowed:.4f} = {FP8_TOLERANCE:g} x the first bf16 loss; "
-        f"last: fp8 {fp8[-1]:.4f}, bf16 {bf16[-1]:.4f}"
+        f"mean loss fp8 {mean_fp8:.4f}, bf16 {mean_bf16:.4f}; last fp8 {fp8[-1]:.4f}, bf16 {bf16[-1]:.4f}; "
+        f"tolerance {allowed:.4f} = {FP8_TOLERANCE:g} x the first bf16 loss, fp8 no worse by more; widest apart at "
+        f"step {worst} (fp8 {fp8[worst]:.4f}, bf16 {bf16[worst]:.4f})"
     )
     versus = Row(
-        package=PACKAGE, check="train-fp8-vs-bf16", status="PASS" if diffs[worst] <= allowed else "FAIL", detail=told
+        package=PACKAGE,
+        check="train-fp8-vs-bf16",
+        status="FAIL" if problems else "PASS",
+        detail="; ".join(problems) + f" -- {told}" if problems else told,
     )
     return [falls, versus]
 
@@ -665,7 +680,12 @@ def summary(
         "ranks": launch.ranks,
         "layout": {k: v for k, v in (ranks.one(0, "layout") or {}).items() if k not in ("event", "rank", "t")},
         "gpus": preflight.get("gpus", []),
-        "tolerances": {"loss_falls_to": LOSS_FALLS_TO, "fp8_tolerance": FP8_TOLERANCE, "warmup_steps": WARMUP_STEPS},
+        "tolerances": {
+            "loss_falls_to": LOSS_FALLS_TO,
+            "fp8_tolerance": FP8_TOLERANCE,
+            "fp8_first_step": FP8_FIRST_STEP,
+            "warmup_steps": WARMUP_STEPS,
+        },
         "runs": runs,
         "timed_out": launch.timed_out,
         "returncode": launch.returncode,

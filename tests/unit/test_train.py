@@ -120,7 +120,7 @@ def test_a_run_that_went_as_it_should_passes_every_row() -> None:
     assert "TP=2, EP=1" in rows["train-launch"].detail and "sm_90" in rows["train-launch"].detail
     assert "FlashAttention (3.0.0b1)" in rows["train-fa3-backend"].detail
     assert "bf16 6.9000 -> 2.5000" in rows["train-loss-falls"].detail
-    assert "max |fp8 - bf16| 0.1000" in rows["train-fp8-vs-bf16"].detail
+    assert rows["train-fp8-vs-bf16"].detail.startswith("mean loss fp8 ")
     assert "10.00 steps/s" in rows["train-figures"].detail and "rank 1 1.00/1.00" in rows["train-figures"].detail
 
 
@@ -168,10 +168,16 @@ def test_a_loss_that_does_not_fall_or_an_fp8_run_that_drifts_fails_naming_the_st
     flat = _rows(_records(losses={"bf16": [6.9, 6.8, 6.7, 6.6], "fp8": [6.9, 6.8, 6.7, 6.6]}))
     assert flat["train-loss-falls"].status == "FAIL"
     assert "bf16: 6.9000 -> 6.6000 (needs at most 0.7 x the first = 4.8300)" in flat["train-loss-falls"].detail
-    drift = _rows(_records(losses={"bf16": [6.9, 5.0, 3.5, 2.5], "fp8": [6.9, 5.0, 4.2, 2.6]}))
+    drift = _rows(_records(losses={"bf16": [6.9, 5.0, 3.5, 2.5], "fp8": [6.9, 6.2, 5.0, 4.0]}))
     assert drift["train-fp8-vs-bf16"].status == "FAIL"
-    assert drift["train-fp8-vs-bf16"].detail.startswith("max |fp8 - bf16| 0.7000 at step 2 (fp8 4.2000, bf16 3.5000)")
-    assert "tolerance 0.6900" in drift["train-fp8-vs-bf16"].detail
+    said = drift["train-fp8-vs-bf16"].detail
+    assert said.startswith("mean loss fp8 5.5250 above bf16 4.4750 by more than 0.6900; last loss fp8 4.0000"), said
+    assert "widest apart at step 2 (fp8 5.0000, bf16 3.5000)" in said
+    # Apart step by step but no worse overall: fp8 dropping earlier is no fault (seen on one H200).
+    early = _rows(_records(losses={"bf16": [6.9, 6.0, 4.8, 1.9], "fp8": [6.88, 4.0, 3.1, 0.9]}))
+    assert early["train-fp8-vs-bf16"].status == "PASS", early["train-fp8-vs-bf16"].detail
+    apart = _rows(_records(losses={"bf16": [6.9, 5.0, 3.5, 2.5], "fp8": [6.0, 4.0, 3.0, 2.0]}))
+    assert apart["train-fp8-vs-bf16"].detail.startswith("first losses apart: fp8 6.0000, bf16 6.9000")
 
 
 def test_ranks_that_disagree_or_runs_that_start_apart_fail() -> None:
