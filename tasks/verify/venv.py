@@ -282,7 +282,8 @@ def _provide(session: VerifySession, base: Mapping[str, Any], apart_note: str = 
         write_atomic(site_dir / "_repro_provided.pth", f"{shared}\n")
     note = ""
     if drift:
-        note = (f"; note: {_n(len(drift), 'distribution')} of the captured base differ where the wheels do not care: "
+        verb = "differs" if len(drift) == 1 else "differ"
+        note = (f"; note: {_n(len(drift), 'distribution')} of the captured base {verb} where the wheels do not care: "
                 f"{'; '.join(drift[:6])}{' ...' if len(drift) > 6 else ''}")  # fmt: skip
     if missing:
         return Row(

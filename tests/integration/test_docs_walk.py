@@ -4,8 +4,12 @@ the node offline in a container with ``--network none`` of Debian trixie (Python
 host's), the tool installed there from the mirror's tool/, the lock and its patches in a directory of their own.
 
 The example lock stands in for sources.lock (``LOCKDIR`` holds it as ``sources.lock``, its URLs on this run's
-port; ``PROFILE=quick``). The node stands in for a GPU host: a stand-in driver with one sm_90 GPU and a stand-in
-torch in its base Python. docs/your-package.md walks a lock of our pure-Python fixture ("your own package"), its
+port; ``PROFILE=quick``; its ``[runtime] python`` the node's, as sources.lock names the GPU hosts' 3.12, so
+that the mirror writes the tool's wheels for the node's Python by default). Where the node's Python is not
+this host's, the tool's wheels built for one Python (charset-normalizer's) come for the node's from the
+package index (PyPI) into the site's find-links folder before the walk, as a mirror host's pip would fetch
+them. The node stands in for a GPU host: a stand-in driver with one sm_90 GPU and a stand-in torch in its base
+Python. docs/your-package.md walks a lock of our pure-Python fixture ("your own package"), its
 build requirements from a folder of wheels this venv writes. ``DOCS_WALK_SUITE=bookworm`` gives the node Debian
 bookworm's Python 3.11 instead.
 
@@ -15,6 +19,7 @@ must be this host's; in CI docker is required.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ci_requires, lock_text_for, require
+from conftest import EXAMPLE_LOCK, REPO, ci_requires, lock_text_for, require
 from serve import FixtureServer
 
+from tasks.core.errors import FetchError
 from tasks.image import selfwheels
+from tasks.lock.lockfile import load_lock
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +70,47 @@ verify = {{ imports = ["repro_pure"], smoke = "repro_pure" }}
 requirements = ["repro-greeting>=0.3"]
 python = "{sys.version_info.major}.{sys.version_info.minor}"
 """
+
+
+def node_python(args: list[str]) -> str:
+    """The node's CPython (``3.13``): the node image's python3, or this one's where the node runs locally."""
+    if args[args.index("--node") + 1] != "docker":
+        return f"{sys.version_info.major}.{sys.version_info.minor}"
+    image = args[args.index("--node-image") + 1]
+    res = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", image, "python3", "-c",
+         "import sys; print(f'{sys.version_info.major}.{sys.version_info.minor}')"],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def lock_for_node(url: str, python: str) -> str:
+    """The example lock with the node's Python as its ``[runtime] python`` (its closure's ``resolved_from`` with it)."""
+    text = lock_text_for(url)
+    runtime = load_lock(EXAMPLE_LOCK, require_pins=False).runtime
+    assert runtime is not None and f'python = "{runtime.python}"\n' in text
+    moved = dataclasses.replace(runtime, python=python)
+    return text.replace(f'python = "{runtime.python}"\n', f'python = "{python}"\n').replace(
+        f'resolved_from = "{runtime.resolved_from}"', f'resolved_from = "{moved.digest()}"'
+    )
+
+
+def tool_wheels_for(python: str, dest: Path) -> None:
+    """Into ``dest``: the wheels of the tool's dependencies built for one Python, for CPython ``python``, from the
+    package index this host's pip uses (what a mirror host's `doit mirror` fetches for a node's other Python)."""
+    if python == selfwheels.this_python():
+        return
+    store = dest.parent / "fetched-for-node"
+    try:
+        log = dest.parent / "pip.log"
+        selfwheels.write_wheels(dest.parent / "scratch-tool", pythons=(python,), store=store, log=log)
+    except FetchError as err:
+        require(f"the tool's wheels for the node's CPython {python} need the package index: {err}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for wheel in store.glob("*/*.whl"):
+        shutil.copy2(wheel, dest / wheel.name)
 
 
 def node_mode() -> list[str]:
@@ -113,18 +161,20 @@ def walk_env(site: Path, server: FixtureServer) -> dict[str, str]:
     return env
 
 
-def make_site(site: Path, server: FixtureServer) -> dict[str, str]:
-    """The walk's givens: the example lock as sources.lock in a directory of its own, your lock, build requirements."""
+def make_site(site: Path, server: FixtureServer, python: str) -> dict[str, str]:
+    """The walk's givens: the example lock as sources.lock in a directory of its own (for the node's ``python``),
+    your lock, build requirements and the tool's wheels for the node's Python (the site's find-links)."""
     shared = site / "shared"
     lockdir = shared / "lockdir"
     lockdir.mkdir(parents=True)
-    (lockdir / "sources.lock").write_text(lock_text_for(server.url))
+    (lockdir / "sources.lock").write_text(lock_for_node(server.url, python))
     shutil.copytree(REPO / "examples" / "patches", lockdir / "patches")
     shutil.copytree(REPO / "bases", lockdir / "bases")  # as this repository has them beside sources.lock
     mine = shared / "my-stack"
     shutil.copytree(REPO / "examples" / "patches" / "repro_pure", mine / "patches" / "repro_pure")
     (mine / "sources.lock").write_text(your_lock(server.url))
     selfwheels.write_wheels(shared / "build-requirements", ("setuptools", "wheel"))
+    tool_wheels_for(python, shared / "build-requirements")
     (site / "mirror-home").mkdir()
     return walk_env(site, server)
 
@@ -145,9 +195,16 @@ def node_args() -> list[str]:
     return node_mode()
 
 
-def test_the_pages_walk_on_the_example_lock(tmp_path: Path, server: FixtureServer, node_args: list[str]) -> None:
+@pytest.fixture(scope="module")
+def node_py(node_args: list[str]) -> str:
+    return node_python(node_args)
+
+
+def test_the_pages_walk_on_the_example_lock(
+    tmp_path: Path, server: FixtureServer, node_args: list[str], node_py: str
+) -> None:
     site = tmp_path / "site"
-    env = make_site(site, server)
+    env = make_site(site, server, node_py)
     status, out, doc = walk(["--scratch", str(site), *node_args], env)
     assert status == 0, out[-6000:]
     rows = doc["results"]
@@ -176,12 +233,12 @@ def test_the_pages_walk_on_the_example_lock(tmp_path: Path, server: FixtureServe
 
 
 def test_an_altered_command_fails_the_walk_naming_it(
-    tmp_path: Path, server: FixtureServer, node_args: list[str]
+    tmp_path: Path, server: FixtureServer, node_args: list[str], node_py: str
 ) -> None:
     """A copy of docs/real-stack.md with the node's first command broken: the walk fails there, naming the page,
     the block and the command, and runs nothing after it."""
     site = tmp_path / "site"
-    env = make_site(site, server)
+    env = make_site(site, server, node_py)
     page = tmp_path / "real-stack.md"
     good = "python3 -m venv --system-site-packages ~/reprostack"
     text = (REPO / "docs" / "real-stack.md").read_text()

@@ -107,8 +107,8 @@ def test_preflight_checks_the_node_against_the_wheelhouse_it_ships_in(workspace:
     assert report["ok"] is False and [c["check"] for c in report["checks"] if c["status"] == "FAIL"] == ["driver"]
     assert "PreflightFailed: this node cannot take the wheels" in res.stderr
     assert ws.doit("preflight", "profile=guard", "gpu=off").returncode == 0
-    assert spec["format"] == 2 and spec["provided"] == ["torch"], spec
-    assert {w["package"]: w["needs"] for w in spec["wheels"]}["repro_torchext"] == ["torch"], spec
+    assert spec["format"] == 3 and spec["provided"] == ["torch"], spec
+    assert {w["package"]: w["needs"] for w in spec["wheels"]}["repro_torchext"] == [f"torch=={_torch_version()}"], spec
     res = ws.doit("preflight", "profile=guard", "gpu=off", "--strict")  # every provided distribution: torch
     assert "needed: every provided distribution (1) at its captured version (--strict)" in res.stdout, res.stdout
 
@@ -382,7 +382,7 @@ def test_verify_never_takes_the_tools_own_copy_for_the_bases(tmp_path: Path, pub
         assert "repro-typing" not in {p.name for p in runtime.resolved}  # the base's, not the closure's
         ws.doit("wheels", "profile=pure")
     needs = {w["package"]: w["needs"] for w in json.loads((ws.wheels / "preflight.json").read_text())["wheels"]}
-    assert needs["repro-pydant"] == ["repro-typing"] and needs["repro_pure"] == [], needs
+    assert needs["repro-pydant"] == ["repro-typing>=4.16.0"] and needs["repro_pure"] == [], needs
     assert _pip(base, "uninstall", "-y", "repro-uvlike").returncode == 0  # the node lacks what nothing needs
     tool = _tool_venv(tmp_path / "tool", index, base)
     seen = subprocess.run([str(tool), "-c", "import repro_typing; print(repro_typing.V)"], capture_output=True,
@@ -395,8 +395,8 @@ def test_verify_never_takes_the_tools_own_copy_for_the_bases(tmp_path: Path, pub
     assert rows[("closure", "deps")]["status"] == "PASS" and rows[("wheelhouse", "pip-check")]["status"] == "PASS"
     venv_row = rows[("wheelhouse", "venv")]["detail"]
     assert f"this tool's own venv {_site_of(tool).resolve()} kept apart" in venv_row, venv_row
-    assert "note: 1 distribution of the captured base that no wheel needs differ: repro-uvlike==0.11.15 (not " \
-        "installed for" in venv_row, venv_row  # fmt: skip
+    assert "note: 1 distribution of the captured base differs where the wheels do not care: " \
+        "repro-uvlike==0.11.15 (not installed for" in venv_row, venv_row  # fmt: skip
 
     rows = _verify_from(tool, ws.wheels, tmp_path / "shared", isolated=False)
     failed = {k: r["detail"] for k, r in rows.items() if r["status"] == "FAIL"}
@@ -406,7 +406,7 @@ def test_verify_never_takes_the_tools_own_copy_for_the_bases(tmp_path: Path, pub
     preflight = [sys.executable, "-I", str(ws.wheels / "preflight.py"), "--gpu", "off", "--python", str(base)]
     res = subprocess.run(preflight, capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "which no wheel needs: repro-uvlike not installed" in res.stdout, res.stdout
+    assert "which the wheels' needs allow: repro-uvlike not installed" in res.stdout, res.stdout
 
     assert _pip(base, "uninstall", "-y", "repro-typing").returncode == 0  # now the node lacks a needed one
     res = subprocess.run(preflight, capture_output=True, text=True, check=False)

@@ -437,7 +437,8 @@ HOLD = textwrap.dedent(
 
 def _memory_compiler(directory: Path, *, phases: bool = False) -> Path:
     """A directory holding ``cc``; with ``phases``, each compile runs ``bigstep`` (the MB given) and then
-    ``smallstep`` (20 MB), two processes named apart as nvcc's cicc and ptxas are."""
+    ``smallstep`` (20 MB for 3 s: longer than the watcher's longest sample interval, so that a busy machine
+    still sees the first end while the second runs), two processes named apart as nvcc's cicc and ptxas are."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "hold.py").write_text(HOLD)
     for name in ("bigstep", "smallstep"):
@@ -446,7 +447,7 @@ def _memory_compiler(directory: Path, *, phases: bool = False) -> Path:
     if phases:
         body = (
             f'{directory / "bigstep"} -S {directory / "hold.py"} -o "$2.big" "$3" "$4" && '
-            f'{directory / "smallstep"} -S {directory / "hold.py"} -o "$2.small" 20 "$4" && touch "$2"\n'
+            f'{directory / "smallstep"} -S {directory / "hold.py"} -o "$2.small" 20 3 && touch "$2"\n'
         )
     else:
         body = f'exec {sys.executable} -S {directory / "hold.py"} "$@"\n'
