@@ -221,6 +221,8 @@ class Broker:
                 self._grant()
             with self._served:
                 self._served.notify_all()
+        for conn in list(self._units):  # gates still connected when the server closes: their ends unread
+            conn.close()
         sel.close()
 
     def settle(self, package: str | None = None, timeout: float = 10.0) -> bool:
