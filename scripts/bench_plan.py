@@ -12,7 +12,8 @@ then the build it forecast (``wheels``: its wall time, each package's object-cac
   the cache ``--records-from`` names);
 - ``patchline``: a patch of ``--package`` gains a trailing empty line (the patched tree is the same);
 - ``edit``: a line of code appended to one ``.cu`` file of ``--package`` (a hunk added to its last patch);
-- ``noop``: nothing changed.
+- ``noop``: nothing changed since the last build (one unmeasured ``wheels`` first settles the earlier scenario's
+  restored patches: its wheel placed from the cache).
 
 The lock directory's patches are restored after each scenario. Standard library only::
 
@@ -137,6 +138,10 @@ def main() -> int:
                 path, rel = source_file(cache, args.package_dir)
                 last.write_bytes(saved[last] + edit_hunk(path, rel).encode())
             variables = [*common, f"cache={cache}", f"wheels={wheels}"]
+            if scenario == "noop":  # the earlier scenario's patches are restored: settle first (its cached wheel)
+                code, _, _ = run([*tool, "wheels", *variables], lockdir, work / "noop-settle.log")
+                if code != 0:
+                    raise SystemExit(f"noop: the settling build failed, see {work / 'noop-settle.log'}")
             code, out, plan_s = run([*tool, "plan", "format=json", *variables], lockdir, work / f"{scenario}-plan.log")
             if code != 0:
                 raise SystemExit(f"{scenario}: plan failed, see {work / f'{scenario}-plan.log'}")
