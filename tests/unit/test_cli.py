@@ -37,17 +37,53 @@ def test_plugins_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
     reads = []
     real = importlib.metadata.entry_points
 
-    def counted() -> importlib.metadata.EntryPoints:
-        reads.append(1)
-        return real()
+    def counted(**selection: str) -> importlib.metadata.EntryPoints:
+        reads.append(selection)
+        return real(**selection)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", counted)
     monkeypatch.setattr(doit.loader, "inspect", inspect)  # fast_start runs again
     monkeypatch.setattr(doit.plugin, "entry_points_impl", doit.plugin.entry_points_impl)
+    startup.doit_entry_points.cache_clear()
     main.fast_start()
     for category in ("COMMAND", "LOADER", "REPORTER", "BACKEND"):
         doit.plugin.PluginDict().add_plugins({}, category)
-    assert len(reads) == 1
+    assert reads == []  # importlib.metadata's full read of every distribution: none
+    assert startup.doit_entry_points.cache_info().misses == 1  # one scan of the path for the four kinds
+
+
+def _dist(folder: Path, name: str, entry_points: str | None) -> None:
+    info = folder / f"{name}.dist-info"
+    info.mkdir(parents=True)
+    dist, version = name.split("-")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    if entry_points is not None:
+        (info / "entry_points.txt").write_text(entry_points)
+
+
+def test_doits_plugins_are_found_as_importlib_metadata_finds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    _dist(first, "my_plug-1.0", "[console_scripts]\nmy = my_plug:main\n\n[doit.COMMAND]\nhello = my_plug.cmd:Hello\n")
+    _dist(first, "quiet-2.0", None)
+    _dist(first, "scripts_only-1.0", "[console_scripts]\nonly = scripts_only:main\n")
+    # the same distribution again, later on the path (name spelled otherwise): importlib.metadata drops it
+    _dist(second, "My.Plug-0.9", "[doit.COMMAND]\nold = my_plug_old:Old\n")
+    _dist(second, "second_plug-3.1", "[doit.REPORTER]\n# a comment\nfancy = second_plug.rep : Fancy\n[doit.LOADER]\n")
+    monkeypatch.setattr(sys, "path", [str(first), str(tmp_path / "missing"), str(second), *sys.path])
+    startup.doit_entry_points.cache_clear()
+    try:
+        for group in ("doit.COMMAND", "doit.LOADER", "doit.REPORTER", "doit.BACKEND"):
+            ours = sorted((e.name, e.value) for e in startup.doit_entry_points().select(group=group))
+            theirs = sorted((e.name, e.value) for e in importlib.metadata.entry_points(group=group))
+            assert ours == theirs, group
+        assert [(e.group, e.name, e.module, e.attr) for e in startup.doit_entry_points()] == [
+            ("doit.COMMAND", "hello", "my_plug.cmd", "Hello"),
+            ("doit.REPORTER", "fancy", "second_plug.rep", "Fancy"),
+        ]
+    finally:
+        startup.doit_entry_points.cache_clear()
 
 
 def test_the_venvs_doit_is_ours_and_runs_doit() -> None:
