@@ -6,8 +6,7 @@ run with nothing to do, the no-op that users run most (docs/building.md, "The no
 
 - doit (0.37) reads the installed distributions' entry points once per plugin kind, three times
   before it loads ``dodo.py`` (commands, loaders, reporters): on a GPU host whose environment sees a
-  torch venv's 210 distributions, about 30 ms a read. Here the path is scanned once, and only the
-  ``entry_points.txt`` that name a doit group are parsed (tasks/core/startup.py).
+  torch venv's 210 distributions, about 30 ms a read. Here it reads them once.
 - doit orders the task creators by their line in ``dodo.py``'s namespace with
   ``inspect.getsourcelines``, which reads and tokenizes each function's source (10 ms for ours);
   the line of a function's code object is the same number.

@@ -11,9 +11,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import inspect
-import os
-import re
-import sys
 import types
 from typing import Any
 
@@ -26,46 +23,6 @@ def _first_line(obj: Any) -> tuple[list[str], int]:
     return [], int(code.co_firstlineno)
 
 
-def _dist_name(entry: str) -> str:
-    """A distribution's name from its ``.dist-info`` / ``.egg-info`` folder, as importlib.metadata normalises
-    it to drop a later copy of the same distribution on the path."""
-    return re.sub(r"[-_.]+", "_", entry.rsplit(".", 1)[0].split("-", 1)[0]).lower()
-
-
-@functools.cache
-def doit_entry_points() -> importlib.metadata.EntryPoints:
-    """The entry points of doit's plugin groups (``doit.COMMAND``, ``doit.LOADER``, ...) of the distributions
-    on ``sys.path``, as ``importlib.metadata.entry_points()`` finds them (the first distribution of a name
-    wins), read once. Only an ``entry_points.txt`` that names a ``[doit.`` group is parsed: a GPU host's
-    environment sees a torch venv's 200 distributions, whose entry points importlib.metadata would parse all."""
-    found, seen = [], set()
-    for folder in sys.path:
-        try:
-            entries = os.listdir(folder or ".")
-        except OSError:
-            continue  # a zip, or gone
-        for entry in entries:
-            if not entry.endswith((".dist-info", ".egg-info")) or _dist_name(entry) in seen:
-                continue
-            seen.add(_dist_name(entry))
-            try:
-                with open(os.path.join(folder or ".", entry, "entry_points.txt"), "rb") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            if b"[doit." not in text:
-                continue
-            group = ""
-            for line in text.decode("utf-8", "replace").splitlines():
-                line = line.strip()
-                if line.startswith("[") and line.endswith("]"):
-                    group = line[1:-1].strip()
-                elif group.startswith("doit.") and "=" in line and not line.startswith(("#", ";")):
-                    name, value = (part.strip() for part in line.split("=", 1))
-                    found.append(importlib.metadata.EntryPoint(name=name, value=value, group=group))
-    return importlib.metadata.EntryPoints(found)
-
-
 def fast_start() -> None:
     """Make doit read plugins once and find its task creators' lines without reading their source."""
     import doit.loader
@@ -74,10 +31,10 @@ def fast_start() -> None:
     if isinstance(doit.loader.inspect, types.SimpleNamespace):
         return  # done already (the venv's `doit`, then dodo.py)
 
+    everything = functools.cache(importlib.metadata.entry_points)  # read when doit first asks
+
     def entry_points(group: str) -> importlib.metadata.EntryPoints:
-        if not group.startswith("doit."):
-            return importlib.metadata.entry_points(group=group)
-        return doit_entry_points().select(group=group)
+        return everything().select(group=group)
 
     doit.plugin.entry_points_impl = lambda: entry_points
     # doit.loader calls ``inspect.getsourcelines(ref)[1]``: the loader alone sees this namespace.
