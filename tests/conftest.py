@@ -49,7 +49,8 @@ def ci_requires() -> bool:
 
 
 #: What the example's CUDA fixture and torch extension need: a test marked ``needs_nvcc`` / ``needs_torch``
-#: is skipped where they are missing (a stock container has neither), and fails in CI.
+#: is skipped where they are missing (a stock container has neither), and fails in CI; so is one marked
+#: ``runs_torch`` (it runs torch here, compiling nothing) where torch is missing.
 HAVE_NVCC = _which("nvcc", dict(os.environ)) is not None
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 #: Python's C headers (Debian's python3-dev): every fixture extension (pybind11, CUDA, torch) includes Python.h.
@@ -86,6 +87,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require("nvcc not found (NVCC, PATH, CUDA_HOME, /usr/local/cuda): the test builds the example's CUDA fixture")
     if item.get_closest_marker("needs_torch") and not HAVE_TORCH:
         require("torch is not importable: the test builds the example's torch extension (pip install torch)")
+    if item.get_closest_marker("runs_torch") and not HAVE_TORCH:
+        require("torch is not importable: the test runs torch's CPU build (pip install torch)")
 
 
 @contextlib.contextmanager

@@ -26,26 +26,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from conftest import HAVE_TORCH, REPO, require
+from conftest import REPO
 
 from tasks.core import procfs
 from tasks.verify.report import Row
 from tasks.verify.session import VerifySession, child_env
 from tasks.verify.train import CHECKS, TRAIN_TIMEOUT_S, read_ranks, train_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.runs_torch]  # the stand-in's ranks: torch's CPU build, gloo
 
 STANDIN = REPO / "tests" / "fixtures" / "train_standin.py"
-
-
-@pytest.fixture(autouse=True)
-def _torch(request: pytest.FixtureRequest) -> None:
-    """The stand-in's ranks are torch's (its CPU build, gloo): skipped where this interpreter has no torch (a
-    stock machine's quickstart venv), failed in CI, which installs it. (The GPU tests run verify's own venv.)"""
-    if not HAVE_TORCH and not request.node.get_closest_marker("gpu"):
-        require("torch is not importable: the training launcher's ranks run torch's CPU build (pip install torch)")
-
-
 STEPS = 8
 
 
