@@ -19,6 +19,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,10 @@ HEADROOM_SHARE = 0.05
 RECHECK_S = 1.0
 #: A report of what a running unit holds lets the broker ask again at most this often (seconds).
 REPORTED_S = 0.25
+
+#: Where a finished unit's record goes as it comes (unit, what it held and how long it ran): a build cut off
+#: before its end (a host taken back, the process killed) keeps what its finished units measured.
+Journal = Callable[[str, dict[str, object]], None]
 
 
 @dataclass
@@ -121,6 +126,8 @@ class Broker:
         self._starved: dict[str, list[tuple[float, float]]] = {}
         self._plans: dict[str, Expectations] = {}
         self._results: dict[str, dict[str, dict[str, object]]] = {}
+        self._journals: dict[str, Journal] = {}
+        self._journal_failed: set[str] = set()
         self._lock = threading.Lock()
         self._log = log.open("a", buffering=1) if log is not None else None
         if self._log is not None:  # the log grows by run: each starts with this line
@@ -148,13 +155,19 @@ class Broker:
         records: dict[str, dict[str, object]] | None = None,
         hints: dict[str, dict[str, object]] | None = None,
         default_mb: float = 0.0,
+        journal: Journal | None = None,
     ) -> None:
         """``package``'s build has started, at ``priority`` (while the highest one builds, a token may be
         kept for it: :func:`tasks.engine.admission.choose`); its units are expected to hold what ``records`` say
-        by unit, else what ``hints`` say, else ``default_mb``."""
+        by unit, else what ``hints`` say, else ``default_mb``. Each of its units' records goes to ``journal``
+        as the unit ends (the cache's records: tasks/store/history.py ``record_unit``)."""
         with self._lock:
             self._building[package] = priority
             self._plans[package] = Expectations(records=records or {}, hints=hints or {}, default_mb=default_mb)
+            if journal is not None:
+                self._journals[package] = journal
+            else:
+                self._journals.pop(package, None)
         self._wake()
 
     def finished(self, package: str) -> None:
@@ -330,7 +343,9 @@ class Broker:
             return
 
     def _record(self, unit: _Unit, found: dict[str, object]) -> None:
-        """Keep what a unit reported; a retried unit keeps the mark and the larger peak of its killed run."""
+        """Keep what a unit reported; a retried unit keeps the mark and the larger peak of its killed run.
+        The package's journal gets it at once; one that fails is said once and the build goes on (its
+        records are written again when the build ends)."""
         with self._lock:
             done = self._results.setdefault(unit.package, {})
             previous = done.get(unit.unit, {})
@@ -338,6 +353,15 @@ class Broker:
                 found["killed"] = True
                 found["peak_mb"] = max(_mb(previous.get("peak_mb")), _mb(found.get("peak_mb")))
             done[unit.unit] = found
+            journal = self._journals.get(unit.package)
+        if journal is None:
+            return
+        try:
+            journal(unit.unit, dict(found))
+        except (OSError, ValueError):  # (a full disk: the unit log says so once; the build goes on)
+            if unit.package not in self._journal_failed:
+                self._journal_failed.add(unit.package)
+                self._note("unrecorded", unit)
 
     def _closed(self, conn: socket.socket) -> None:
         """A closed connection: a running unit's token goes back and its room is free; a waiter is dropped."""

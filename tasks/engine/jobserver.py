@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -307,7 +308,8 @@ class JobServer:
         patches; the ``profile``'s own where it has them) say, else ``default_mb``. When the block ends, a
         failed or interrupted build's too, the broker waits for the build's gates to end
         (:meth:`Broker.settle`: their tokens back, their reports read), and what the units held and their
-        seconds go to the cache for the next build and to ``log``.
+        seconds go to the cache for the next build and to ``log``. Each unit's record goes to the cache as
+        the unit ends too (history.record_unit): a build cut off before the block ends keeps them.
         """
         session = Session(env={}, wait_log=out / "waits.log")
         prio = 0.0
@@ -333,6 +335,7 @@ class JobServer:
             records=history.load_memory(history.memory_path(cache_root, package)),
             hints=history.load_memory(history.hints_path(patches, history.MEMORY_HINTS_FILE, profile)),
             default_mb=default_mb,
+            journal=functools.partial(history.record_unit, cache_root, package),
         )
         try:
             yield session

@@ -228,6 +228,15 @@ def record_memory(cache_root: Path, package: str, results: dict[str, dict[str, o
     write_atomic(path, json.dumps(known, indent=0, sort_keys=True) + "\n")
 
 
+def record_unit(cache_root: Path, package: str, unit: str, found: Mapping[str, object]) -> None:
+    """Add one finished unit's record (what it held, its seconds) to the cache's records for ``package`` as it
+    ends (the broker's journal): a build cut off before its end keeps what its finished units measured."""
+    record_memory(cache_root, package, {unit: dict(found)})
+    seconds = found.get("seconds")
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and "exit" not in found:
+        record_times(cache_root, package, {unit: float(seconds)})
+
+
 # --------------------------------------------------------------------------- package builds
 
 

@@ -895,7 +895,8 @@ def _ninja_passes(project: Path, env: dict[str, str]) -> None:
 def test_a_build_session_names_the_package_to_the_gate_and_records_its_units(tmp_path: Path) -> None:
     """JobServer.build_session, as tasks/stages/build.py opens it: the build's environment names the package and
     its priority (from the lock's unit times) to the gate, the times to the ninja shim and the file for
-    its waits; when the block ends, a failed build's too, its units' memory and seconds are in the cache,
+    its waits; each unit's memory and seconds are in the cache once it ends, before the block does; when
+    the block ends, a failed build's too, its units' memory and seconds are in the cache,
     its log says so and every token is back. Without ninja 1.13, only the wait log."""
     path = os.pathsep.join([str(_memory_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
     cache = tmp_path / "cache"
@@ -917,6 +918,10 @@ def test_a_build_session_names_the_package_to_the_gate_and_records_its_units(tmp
             }
             project = _memory_project(tmp_path / "ok", {"a.o": (30, 0.3), "b.o": (30, 0.3)})
             _ninja_passes(project, {**env, **s.env})
+            assert server.broker is not None and server.broker.settle("pkg")
+            # in the cache as each unit ends, before the block does (a host taken back mid-build keeps them)
+            assert set(load_memory(memory_record(cache, "pkg"))) == {"a.o", "b.o"}
+            assert set(ninjaorder.load_times(cache / "timings" / "pkg.json")) == {"a.o", "b.o"}
         assert set(s.units) == {"a.o", "b.o"} and set(load_memory(memory_record(cache, "pkg"))) == {"a.o", "b.o"}
         assert set(ninjaorder.load_times(cache / "timings" / "pkg.json")) == {"a.o", "b.o"}
         assert "# 2 compiles; the largest held" in log.read_text()

@@ -64,3 +64,15 @@ def test_times_recorded_in_the_cache_override_the_hints(tmp_path: Path) -> None:
     assert history.known_times(tmp_path / "cache", None, "other") == {}
     hints.write_text('["not", "a", "table"]')
     assert history.known_times(tmp_path / "none", hints, "pkg") == {}
+
+
+def test_a_units_record_goes_to_the_cache_as_it_ends(tmp_path: Path) -> None:
+    """The broker's journal (history.record_unit): a finished unit's memory and seconds join the package's
+    records one by one; a unit that failed (``exit``) keeps its memory but gives no time."""
+    cache = tmp_path / "cache"
+    history.record_unit(cache, "pkg", "a.o", {"peak_mb": 300.0, "peak_in": "cicc", "seconds": 12.34})
+    history.record_unit(cache, "pkg", "b.o", {"peak_mb": 100.0, "seconds": 2.0, "exit": 1})
+    history.record_unit(cache, "pkg", "a.o", {"peak_mb": 310.0, "seconds": 13.0})
+    memory = history.load_memory(history.memory_path(cache, "pkg"))
+    assert memory == {"a.o": {"peak_mb": 310, "seconds": 13.0}, "b.o": {"peak_mb": 100, "seconds": 2.0, "exit": 1}}
+    assert history.load_times(history.times_path(cache, "pkg")) == {"a.o": 13.0}
