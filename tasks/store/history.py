@@ -143,14 +143,16 @@ def write_hints(
 ) -> list[Path]:
     """Write a package's hints for ``profile`` into ``patches`` (its folder of the lock's patches): ``times``
     (unit -> seconds) replace its times file; ``memory`` (unit -> record) its memory file's entries of those
-    units, keeping its patterns (``flash_fwd_*``, for units without an entry). The files written, one unit
+    units, keeping its patterns (``flash_fwd_*``) and its entries of the units in ``times`` without a record
+    (a build whose memory the gate did not measure keeps the lock's figures). The files written, one unit
     a line, for review with the rest of the lock."""
     own = _profile_file(TIMES_HINTS_FILE, profile)
     if profile not in ("", "default") and own is None:
         raise ValueError(f"profile {profile!r}: not a name a hints file can carry")
     names = (own or TIMES_HINTS_FILE, _profile_file(MEMORY_HINTS_FILE, profile) or MEMORY_HINTS_FILE)
     times_file, memory_file = (patches / n for n in names)
-    kept = {k: v for k, v in load_memory(memory_file).items() if any(c in k for c in "*?[")}
+    # kept: its patterns, and the entries of the build's units that this cache has no record of
+    kept = {k: v for k, v in load_memory(memory_file).items() if any(c in k for c in "*?[") or k in times}
     hints = {
         u: {k: _rounded(k, v) for k, v in found.items() if k in HINT_FIELDS} for u, found in sorted(memory.items())
     }

@@ -29,6 +29,7 @@ from tasks.store.history import (
     TIMES_HINTS_FILE,
     Earlier,
     hints_path,
+    load_memory,
     record_build,
     record_memory,
     record_times,
@@ -414,6 +415,13 @@ def test_hints_are_written_per_profile_from_the_last_builds_compile_units(tmp_pa
         '{\n"k.o": {"after_mb": 3000, "before_mb": 1500, "peak_for_s": 30.0, "peak_from_s": 40.0, '
         '"peak_in": "cicc", "peak_mb": 20000},\n"flash_fwd_*": {"peak_mb": 12288}\n}\n'
     )
+    # a unit of the build without a memory record keeps the lock's entry; a unit the build no longer has loses it
+    other = tmp_path / "patches" / "other"
+    other.mkdir()
+    (other / MEMORY_HINTS_FILE).write_text('{"j.o": {"peak_mb": 7}, "gone.o": {"peak_mb": 8}, "k*": {"peak_mb": 9}}')
+    write_hints(other, "default", {"j.o": 5.0, "k.o": 6.0}, memory)
+    assert list(load_memory(other / MEMORY_HINTS_FILE)) == ["k.o", "j.o", "k*"]
+    assert load_memory(other / MEMORY_HINTS_FILE)["j.o"] == {"peak_mb": 7}
     assert write_hints(patches, "minimal", {"k.o": 50.0}, {}) == [
         patches / "unit-times.minimal.json",
         patches / "unit-memory.minimal.json",
