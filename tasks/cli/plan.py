@@ -615,6 +615,7 @@ def to_json(plan: RunPlan) -> dict[str, Any]:
                 "since": line.units.since,
                 "counts": dict(line.units.counts),
                 "compile_s": round(line.units.compile_s, 1),
+                "stage_s": round(line.units.stage_s, 2),
                 "remote": line.units.remote or None,
                 "notes": list(line.units.notes),
                 "list": [

@@ -328,13 +328,14 @@ def test_the_units_of_a_package_go_into_the_json_and_the_text() -> None:
     )
     counts = {"hit": 1, "remote": 0, "preprocessed": 1, "compile": 1}
     units = UnitsPlan(calls, 1_700_000_000.0, (("vadd.o", 40.0), ("module.o", 20.0), ("device.o", 30.0)),
-                      counts=counts)  # fmt: skip
+                      counts=counts, stage_s=0.123)  # fmt: skip
     assert units.compile_s == 42.5 and [u.name for u in units.first()] == ["vadd.o", "module.o"]
     plan = a_plan()
     plan.lines[0].units = units
     out = to_json(plan)
     te = out["packages"][0]
     assert te["units"]["counts"] == counts and te["units"]["compile_s"] == 42.5
+    assert te["units"]["stage_s"] == 0.12  # what re-deriving the staged tree took
     assert te["units"]["list"][0] == {
         "unit": "vadd.o",
         "outcome": "compile",
