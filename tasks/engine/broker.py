@@ -308,8 +308,8 @@ class Broker:
 
     def _report(self, conn: socket.socket, unit: _Unit, words: list[str]) -> None:
         """A running compile's reports: ``m LIVE_MB PAST``, ``k PEAK_MB`` (killed for memory) and
-        ``d PEAK_MB PEAK_IN AFTER_MB SECONDS EXIT [BEFORE_MB PEAK_FROM_S PEAK_FOR_S]`` (done; ``-`` where its
-        peak was not timed)."""
+        ``d PEAK_MB PEAK_IN AFTER_MB SECONDS EXIT [BEFORE_MB PEAK_FROM_S PEAK_FOR_S [CPU_S]]`` (done; ``-``
+        where its peak was not timed; CPU_S: the CPU-seconds of the compiler's process tree)."""
         try:
             if words[0] == "m":
                 unit.live_mb = float(words[1])
@@ -335,6 +335,8 @@ class Broker:
                     found["before_mb"] = float(words[6])
                     found["peak_from_s"] = float(words[7])
                     found["peak_for_s"] = float(words[8])
+                if len(words) > 9:
+                    found["cpu_s"] = float(words[9])
                 if unit.node is not None:  # where and when it ran (the trace's node tracks)
                     found["node"] = unit.node.name
                     found["since"] = unit.since

@@ -174,6 +174,8 @@ class Unit:
         self.before_mb: float | None = None
         self.peak_from_s: float | None = None
         self.peak_for_s: float | None = None
+        #: CPU-seconds (user and system) of the compiler and the descendants it waited for, from the kernel.
+        self.cpu_s = 0.0
         self._samples: list[tuple[float, float]] = []  # (seconds into the unit, total MB)
 
     def add(self, total: float, by_name: dict[str, float], at: float = 0.0) -> None:
@@ -306,6 +308,7 @@ def watch(pid: int, expect_peak_in: str, report: Callable[[float, bool], None] |
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:  # its largest process, from the kernel: a compile shorter than a sample is measured too
             unit.peak_mb = max(unit.peak_mb, usage.ru_maxrss / 1024)
+            unit.cpu_s = usage.ru_utime + usage.ru_stime
             break
         total, by_name = sample(pid)
         unit.add(total, by_name, time.monotonic() - start)
@@ -354,6 +357,7 @@ def run_remote(conn: socket.socket, args: list[str], expect_peak_in: str) -> tup
         unit.before_mb = float(result.get("before_mb", 0.0))
         unit.peak_from_s = float(result.get("peak_from_s", 0.0))
         unit.peak_for_s = float(result["peak_for_s"])
+    unit.cpu_s = float(result.get("cpu_s", 0.0))
     return int(result["code"]), unit, bool(result.get("killed")), float(result.get("seconds", 0.0))
 
 
@@ -406,6 +410,7 @@ def run_captured(job: dict[str, object]) -> dict[str, object]:
         "before_mb": unit.before_mb,
         "peak_from_s": unit.peak_from_s,
         "peak_for_s": unit.peak_for_s,
+        "cpu_s": unit.cpu_s,
         "killed": killed,
         "seconds": time.monotonic() - start,
         "out_bytes": stdout,
@@ -444,6 +449,11 @@ def main(sock_path: str, args: list[str]) -> int:
         first = mem
         code, mem, killed, more = (run_remote if remote else run_once)(conn, args, expect)
         mem.peak_mb = max(mem.peak_mb, first.peak_mb)
+        mem.cpu_s += first.cpu_s
         seconds += more
-    _tell(conn, f"d {mem.peak_mb:.0f} {mem.peak_in or '-'} {mem.after_mb:.0f} {seconds:.1f} {code} {mem.report()}")
+    _tell(
+        conn,
+        f"d {mem.peak_mb:.0f} {mem.peak_in or '-'} {mem.after_mb:.0f} {seconds:.1f} {code} {mem.report()} "
+        f"{mem.cpu_s:.1f}",
+    )
     return code

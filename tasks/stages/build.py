@@ -116,6 +116,9 @@ class Compiled:
     #: its staged tree; None without the object cache
     object_log: Path | None = None
     seen: str = ""
+    #: CPU-seconds of its gated units as their gates measured them (None: no gate measured one); the rest of
+    #: ``usage.cpu_seconds`` is its serial part's (pip, CMake's configure, the links)
+    units_cpu_s: float | None = None
 
 
 def compile_wheel(
@@ -215,7 +218,14 @@ def compile_wheel(
         ),
         object_log=object_log,
         seen=place.path(place.stage),
+        units_cpu_s=_units_cpu(session.units),
     )
+
+
+def _units_cpu(units: dict[str, dict[str, object]]) -> float | None:
+    """The CPU-seconds the gates measured of a build's units (None where none did)."""
+    found = [float(v) for u in units.values() if isinstance(v := u.get("cpu_s"), int | float)]
+    return sum(found) if found else None
 
 
 def _normalised(raw: Path, out: Path, pkg: Package, log: Path, requires: list[str]) -> Path:
@@ -331,7 +341,8 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
         covered = interval_union([*spans, *built.waits], wall_start, wall_start + seconds) if spans else None
         edges = [os.path.basename(u.output) for u in units]
         history.record_build(ctx.cache.root, pkg.name, key=key, wall_s=seconds, wait_s=ctx.outcomes[pkg.name].wait_s,
-                          compile_s=covered, slots=jobs, ninja_units=edges)  # fmt: skip
+                          compile_s=covered, slots=jobs, ninja_units=edges, cpu_s=usage.cpu_seconds,
+                          units_cpu_s=built.units_cpu_s)  # fmt: skip
     finally:
         if os.environ.get("REPRO_KEEP_STAGE", "") in ("", "0"):
             rmtree(stage_dir)

@@ -252,9 +252,13 @@ def record_build(
     compile_s: float | None,
     slots: int,
     ninja_units: Sequence[str] = (),
+    cpu_s: float | None = None,
+    units_cpu_s: float | None = None,
 ) -> None:
     """After a build: its wall time, the part of it its compiles ran or waited for a token (None where no
-    ninja log said), its slots and its ninja log's edges, for the next forecast (``timings/<package>.build.json``)."""
+    ninja log said), its slots and its ninja log's edges, for the next forecast (``timings/<package>.build.json``);
+    the CPU-seconds of its whole process tree and of its gated units, where measured (the difference is what
+    its serial part used: beside the serial part's wall time, how much of that the host's other work made)."""
     doc = {
         "key": key,
         "wall_s": round(wall_s, 2),
@@ -263,6 +267,8 @@ def record_build(
         "time": time.time(),
         "compile_s": None if compile_s is None else round(compile_s, 2),
         "ninja_units": sorted(set(ninja_units)),
+        "cpu_s": None if cpu_s is None else round(cpu_s, 1),
+        "units_cpu_s": None if units_cpu_s is None else round(units_cpu_s, 1),
     }
     write_atomic(build_path(cache_root, package), json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
@@ -295,8 +301,9 @@ def _build_problem(doc: Mapping[str, Any]) -> str:
     for name in ("wall_s", "wait_s"):
         if number(doc.get(name)) is None:
             return f"{name} is not a number of seconds ({doc.get(name)!r})"
-    if doc.get("compile_s") is not None and number(doc.get("compile_s")) is None:
-        return f"compile_s is not a number of seconds ({doc.get('compile_s')!r})"
+    for name in ("compile_s", "cpu_s", "units_cpu_s"):
+        if doc.get(name) is not None and number(doc.get(name)) is None:
+            return f"{name} is not a number of seconds ({doc.get(name)!r})"
     slots = doc.get("slots")
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 1 << 20:
         return f"slots is not a number of job slots ({slots!r})"

@@ -922,6 +922,7 @@ def test_a_build_session_names_the_package_to_the_gate_and_records_its_units(tmp
             # in the cache as each unit ends, before the block does (a host taken back mid-build keeps them)
             assert set(load_memory(memory_record(cache, "pkg"))) == {"a.o", "b.o"}
             assert set(ninjaorder.load_times(cache / "timings" / "pkg.json")) == {"a.o", "b.o"}
+        assert all(isinstance(found.get("cpu_s"), float) for found in s.units.values()), s.units  # (the kernel's)
         assert set(s.units) == {"a.o", "b.o"} and set(load_memory(memory_record(cache, "pkg"))) == {"a.o", "b.o"}
         assert set(ninjaorder.load_times(cache / "timings" / "pkg.json")) == {"a.o", "b.o"}
         assert "# 2 compiles; the largest held" in log.read_text()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from tasks.engine.admission import Expect, Expectations
 from tasks.env import compilers
 from tasks.outside import gate
-from tasks.outside.gate import Unit, unit_name
+from tasks.outside.gate import Unit, unit_name, watch
 from tasks.store.history import load_memory, record_memory
 from tasks.store.history import memory_path as memory_record
 
@@ -102,3 +104,15 @@ def test_a_timed_record_becomes_a_timed_expectation_and_a_hint_is_capped(tmp_pat
     # A hint above the package's mem_per_job_gb (a profile that builds less) counts as that, timing kept.
     capped = Expectations(records={}, hints={"k.o": found}, default_mb=7 * 1024).expect("k.o")
     assert capped == Expect(7 * 1024, "cicc", 3000, 1500, 40.0, 30.0)
+
+
+def test_a_unit_is_charged_the_cpu_its_compiler_and_children_used() -> None:
+    """watch() takes the compiler's CPU-seconds from the kernel (its children's too, as a compiler driver's
+    cicc and ptxas): a child that spins 0.4 s of CPU in a grandchild is charged about that, busy host or not."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}], check=True)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    status, unit = watch(child.pid, "")
+    child.returncode = status
+    assert status == 0
+    assert 0.4 <= unit.cpu_s < 5.0, unit.cpu_s

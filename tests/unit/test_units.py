@@ -90,13 +90,17 @@ def test_unit_times_and_memory_that_are_no_number_are_no_record(tmp_path: Path, 
     assert history.load_memory(memory) == {"a.o": {"peak_in": "cicc"}, **empty, **timed}
 
 
-@pytest.mark.parametrize("field", ["wall_s", "wait_s", "compile_s", "slots", "time", "ninja_units"])
+@pytest.mark.parametrize(
+    "field", ["wall_s", "wait_s", "compile_s", "cpu_s", "units_cpu_s", "slots", "time", "ninja_units"]
+)
 @pytest.mark.parametrize("value", ["NaN", "1e999", '"12"', "1e20", "[[1]]"])
 def test_a_build_record_with_a_field_of_another_kind_is_no_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: str
 ) -> None:
-    history.record_build(tmp_path, "te", key="k" * 64, wall_s=100.0, wait_s=1.0, compile_s=80.0, slots=8)
+    history.record_build(tmp_path, "te", key="k" * 64, wall_s=100.0, wait_s=1.0, compile_s=80.0, slots=8,
+                         cpu_s=300.0, units_cpu_s=260.04)  # fmt: skip
     assert history.read_build(tmp_path, "te")["wall_s"] == 100.0
+    assert history.read_build(tmp_path, "te")["units_cpu_s"] == 260.0
     path = history.build_path(tmp_path, "te")
     doc = json.loads(path.read_text())
     path.write_text(json.dumps(doc).replace(f'"{field}": {json.dumps(doc[field])}', f'"{field}": {value}'))
