@@ -352,6 +352,16 @@ def _names(nodes: list[dict[str, Any]]) -> dict[str, str]:
     }
 
 
+#: Joins through Ray Client (``ray://``) tried where the head's server for this client did not start.
+JOIN_ATTEMPTS = 3
+
+
+def _client_server_failed(value: str, exc: BaseException) -> bool:
+    """Whether joining ``value`` failed because Ray Client's server for this client did not start (its head
+    says so), which another join may not meet."""
+    return value.startswith("ray://") and "Starting Ray client server failed" in str(exc)
+
+
 def connect(value: str, env: dict[str, str], here: Mapping[str, Any], *, timeout: float = 10.0) -> Cluster | None:
     """The cluster at ``value`` with the nodes whose toolchain is this build's (``here``: its fingerprint,
     found with ``env``); None, after one warning, where there is no cluster to build on: the build then
@@ -367,11 +377,20 @@ def connect(value: str, env: dict[str, str], here: Mapping[str, Any], *, timeout
         if problem is not None:
             warn(f"cluster={value}: {problem}; building here")
             return None
-    try:
-        ray.init(address=value, namespace="reprostack", log_to_driver=False, logging_level=logging.ERROR)
-    except Exception as exc:  # (Ray raises ConnectionError, RuntimeError, ...)
-        warn(f"cluster={value}: cannot join the cluster ({exc.__class__.__name__}: {exc}); building here")
-        return None
+    for attempt in range(1, JOIN_ATTEMPTS + 1):
+        try:
+            ray.init(address=value, namespace="reprostack", log_to_driver=False, logging_level=logging.ERROR)
+            break
+        except Exception as exc:  # (Ray raises ConnectionError, RuntimeError, ...)
+            if attempt < JOIN_ATTEMPTS and _client_server_failed(value, exc):
+                # Ray Client's head starts a server process for each client; one that does not come up (a
+                # loaded head: CI's 2-core machine saw it) fails this join alone: the next gets another.
+                print(f"cluster={value}: Ray Client's server for this run did not start; joining again", flush=True)
+                ray.shutdown()
+                time.sleep(attempt)
+                continue
+            warn(f"cluster={value}: cannot join the cluster ({exc.__class__.__name__}: {exc}); building here")
+            return None
     listed = [n for n in ray.nodes() if n.get("Alive")]
     names = _names(listed)
     candidates = [n for n in listed if float(n.get("Resources", {}).get("CPU", 0)) >= 1]

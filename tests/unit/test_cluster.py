@@ -18,6 +18,7 @@ import pytest
 
 from tasks.core.errors import ReproError
 from tasks.core.settings import cluster_address
+from tasks.engine import cluster
 from tasks.engine.cluster import Node, choose_node, differences, not_grpc, nvcc_threads
 from tasks.env import reproducible
 from tasks.outside import gate
@@ -208,3 +209,15 @@ def test_the_head_probe_knows_grpc_from_silence_and_from_nothing() -> None:
         free = closed.getsockname()
     said = not_grpc(free, 5)
     assert said is not None and said.startswith("the head does not answer")
+
+
+def test_only_a_ray_client_server_that_did_not_start_is_joined_again() -> None:
+    """connect() joins once more where the head says Ray Client's server for this client did not start (the
+    message Ray's proxier gives); any other failure, or a join at a GCS address, falls back to building here."""
+    said = ConnectionAbortedError(
+        "Initialization failure from server:\nRuntimeError: Starting Ray client server failed. See "
+        "ray_client_server_23000.err for detailed logs."
+    )
+    assert cluster._client_server_failed("ray://10.0.0.1:10001", said)
+    assert not cluster._client_server_failed("10.0.0.1:6379", said)
+    assert not cluster._client_server_failed("ray://10.0.0.1:10001", ConnectionError("ray client connection timeout"))
