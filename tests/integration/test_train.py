@@ -33,7 +33,10 @@ from tasks.verify.report import Row
 from tasks.verify.session import VerifySession, child_env
 from tasks.verify.train import CHECKS, TRAIN_TIMEOUT_S, read_ranks, train_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.runs_torch]  # the stand-in's ranks: torch's CPU build, gloo
+pytestmark = pytest.mark.integration
+#: The tests whose ranks (the stand-in's) run torch's CPU build and gloo in this interpreter; the GPU tests run
+#: verify's own venv, and need no torch here.
+runs_torch = pytest.mark.runs_torch
 
 STANDIN = REPO / "tests" / "fixtures" / "train_standin.py"
 STEPS = 8
@@ -82,6 +85,7 @@ def assert_all_stopped(session: VerifySession, ranks: int) -> None:
         assert not running(parent), f"torchrun (pid {parent}) still runs"
 
 
+@runs_torch
 def test_a_run_of_the_stand_in_passes_with_the_ranks_logs_and_figures(tmp_path: Path) -> None:
     session = make_session(tmp_path)
     rows = by_check(train_rows(session, entry=STANDIN, args=["--ranks", "2"], steps=STEPS, timeout=600))
@@ -97,6 +101,7 @@ def test_a_run_of_the_stand_in_passes_with_the_ranks_logs_and_figures(tmp_path: 
     assert_all_stopped(session, 2)
 
 
+@runs_torch
 def test_one_failed_rank_is_named_with_its_run_and_step_and_the_others_are_stopped(tmp_path: Path) -> None:
     session = make_session(tmp_path)
     args = ["--ranks", "3", "--fail-rank", "1", "--fail-step", "3", "--fail-run", "fp8"]
@@ -112,6 +117,7 @@ def test_one_failed_rank_is_named_with_its_run_and_step_and_the_others_are_stopp
     assert_all_stopped(session, 3)
 
 
+@runs_torch
 def test_a_nan_is_named_by_rank_run_and_step(tmp_path: Path) -> None:
     session = make_session(tmp_path)
     args = ["--ranks", "2", "--nan-step", "5", "--nan-run", "bf16"]
@@ -121,6 +127,7 @@ def test_a_nan_is_named_by_rank_run_and_step(tmp_path: Path) -> None:
     assert_all_stopped(session, 2)
 
 
+@runs_torch
 def test_the_timeout_stops_torchrun_and_every_rank_even_one_deaf_to_sigterm(tmp_path: Path) -> None:
     session = make_session(tmp_path)
     args = ["--ranks", "2", "--hang-rank", "1", "--hang-step", "2", "--ignore-term"]
@@ -172,6 +179,7 @@ CTRL_C = textwrap.dedent(
 )
 
 
+@runs_torch
 def test_ctrl_c_stops_torchrun_and_every_rank(tmp_path: Path, spawned: list[subprocess.Popen[str]]) -> None:
     script = tmp_path / "ctrl_c.py"
     script.write_text(CTRL_C)
@@ -256,6 +264,7 @@ def packages_session(tmp_path: Path, *, without: str = "", gpu: str = "auto") ->
     return session
 
 
+@runs_torch
 @pytest.mark.parametrize("missing", ["flash_attn_3", "grouped_gemm"])
 def test_a_venv_without_a_component_fails_the_rows_naming_it_before_any_launch(tmp_path: Path, missing: str) -> None:
     session = packages_session(tmp_path, without=f"{missing}/")
@@ -269,6 +278,7 @@ def test_a_venv_without_a_component_fails_the_rows_naming_it_before_any_launch(t
     assert not (tmp_path / "logs" / "train.log").exists()  # torchrun never started
 
 
+@runs_torch
 def test_a_component_its_neighbour_does_not_see_fails_too(tmp_path: Path) -> None:
     session = packages_session(tmp_path)
     util = tmp_path / "site" / "transformer_engine/pytorch/attention/dot_product_attention/utils.py"
@@ -280,6 +290,7 @@ def test_a_component_its_neighbour_does_not_see_fails_too(tmp_path: Path) -> Non
     )
 
 
+@runs_torch
 @pytest.mark.parametrize(("gpu", "status"), [("auto", "SKIP"), ("on", "FAIL"), ("off", "SKIP")])
 def test_without_a_gpu_the_rows_are_skipped_never_passed(tmp_path: Path, gpu: str, status: str) -> None:
     rows = by_check(train_rows(packages_session(tmp_path, gpu=gpu)))
@@ -289,6 +300,7 @@ def test_without_a_gpu_the_rows_are_skipped_never_passed(tmp_path: Path, gpu: st
     assert not (tmp_path / "logs" / "train.log").exists()
 
 
+@runs_torch
 def test_the_stand_in_s_own_skip_is_honoured(tmp_path: Path) -> None:
     rows = by_check(train_rows(make_session(tmp_path), entry=STANDIN, args=["--skip", "no sm_90 GPU here"]))
     assert {(r.status, r.detail) for r in rows.values()} == {("SKIP", "no sm_90 GPU here")}
