@@ -98,13 +98,7 @@ exec {real} -j {slots} "$@"
 
 def _record_units(cache_root: Path, package: str, units: dict[str, dict[str, object]], log: Path) -> None:
     """Record what ``package``'s units held in the cache (the next run admits them by it) and say so in its log."""
-    history.record_memory(cache_root, package, units)
-    # The units' times too: an interrupted or failed build leaves no ninja log to take them from.
-    history.record_times(
-        cache_root,
-        package,
-        {u: float(str(found["seconds"])) for u, found in units.items() if "seconds" in found and "exit" not in found},
-    )
+    history.record_results(cache_root, package, units)
     killed = sorted(u for u, found in units.items() if found.get("killed"))
     peaks = {u: float(str(found.get("peak_mb", 0))) for u, found in units.items()}
     with log.open("a") as fh:

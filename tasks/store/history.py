@@ -230,13 +230,22 @@ def record_memory(cache_root: Path, package: str, results: dict[str, dict[str, o
     write_atomic(path, json.dumps(known, indent=0, sort_keys=True) + "\n")
 
 
+def record_results(cache_root: Path, package: str, results: Mapping[str, Mapping[str, object]]) -> None:
+    """Add what units of ``package`` reported (the broker's results: what each held, its seconds) to the cache's
+    records: their memory, and the seconds of those that passed (an interrupted or failed build leaves no ninja
+    log to take them from)."""
+    record_memory(cache_root, package, {u: dict(found) for u, found in results.items()})
+    record_times(
+        cache_root,
+        package,
+        {u: float(s) for u, f in results.items() if isinstance(s := f.get("seconds"), int | float) and "exit" not in f},
+    )
+
+
 def record_unit(cache_root: Path, package: str, unit: str, found: Mapping[str, object]) -> None:
-    """Add one finished unit's record (what it held, its seconds) to the cache's records for ``package`` as it
-    ends (the broker's journal): a build cut off before its end keeps what its finished units measured."""
-    record_memory(cache_root, package, {unit: dict(found)})
-    seconds = found.get("seconds")
-    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and "exit" not in found:
-        record_times(cache_root, package, {unit: float(seconds)})
+    """One unit's :func:`record_results` as it ends (the broker's journal): a build cut off before its end keeps
+    what its finished units measured."""
+    record_results(cache_root, package, {unit: found})
 
 
 # --------------------------------------------------------------------------- package builds
