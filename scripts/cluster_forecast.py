@@ -11,6 +11,11 @@ run's broker would follow (tasks/engine/forecast.py ``simulate``, which asks tas
 (slots: cores over the package's ``NVCC_THREADS``, as each unit asks Ray for that many CPUs). The cluster's
 memory is modelled as one budget (every node's), and each unit's expected peak is checked to fit one
 node. Compiles only: the serial part (pip, configure, the link) is not in the hints and is not counted.
+
+``--together``: the packages' compiles on the one host at once, as one run's broker admits them (one job slot a
+core, as its job server has), each package's end and the run's::
+
+    python scripts/cluster_forecast.py --lock sources.lock --together --host-cores 64 --host-mem 502.8
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--cores", type=int, default=64, help="per node")
     ap.add_argument("--mem", type=float, default=512.0, help="GB per node")
+    ap.add_argument("--together", action="store_true", help="the packages at once on the one host, and stop")
     args = ap.parse_args()
     lock = load_lock(args.lock)
     patches = lock.patches_dir
@@ -64,6 +70,14 @@ def main() -> int:
     print(f"lock {args.lock} profile {args.profile}: compile makespan from the recorded unit times (seconds)")
     print(f"one host: {args.host_cores} cores, {args.host_mem:g} GB; cluster: {args.nodes} nodes x {args.cores} "
           f"cores, {args.mem:g} GB each")  # fmt: skip
+    if args.together:
+        works = [w for w in (_work(patches, p, args.host_cores, args.profile) for p in packages) if w is not None]
+        run = simulate(works, slots=args.host_cores, budget_mb=args.host_mem * 1024)
+        for name, pf in run.packages.items():
+            print(f"  {name:20s} ends at {pf.end_s:7.1f} s")
+        print(f"together on the one host ({args.host_cores} slots): {run.wall_s:.1f} s, "
+              f"expected peak {run.peak_mb / 1024:.1f} GB")  # fmt: skip
+        return 0
     head = ("package", "units", "CPU s", "longest s", "threads", "one host s", "cluster s", "speed-up")
     rows = [head]
     for pkg in packages:
