@@ -4,9 +4,10 @@ The broker (tasks/engine/jobserver.py) keeps the sockets, the token fifo and the
 selector loop; each time a token may be handed out it asks :func:`choose`
 which waiting compile gets it. The rules, in the order they apply:
 
-1. a token for the package that sets the run's wall time: waiters line up by
-   their package's :func:`priority` (a compile killed for memory and run once
-   more goes first of all), then first come;
+1. the package that sets the run's wall time, and its longest compiles: waiters
+   line up by their package's :func:`priority` plus their own recorded seconds
+   (:func:`unit_priority`; a compile killed for memory and run once more goes
+   first of all), then first come;
 2. the held token: while the package of the highest priority builds and runs
    no compile, the last free token is kept for it (four slots or more);
 3. memory: a compile starts only when what it is expected to hold (:class:`Expectations`), from now on,
@@ -130,6 +131,35 @@ def priority(times: Mapping[str, float], slots: int) -> float:
     if not times:
         return 0.0
     return round(max(times.values()) + sum(times.values()) / max(1, slots), 1)
+
+
+def compile_of(preprocess: str, units: Iterable[str]) -> str | None:
+    """The compile a preprocessor run (``core.cpp.E``, the object cache's) precedes among ``units``: ``core.o``
+    or ``core.cpp.<something>``, the first by name; None if none is there."""
+    source = preprocess[: -len(".E")]
+    stem = source.rsplit(".", 1)[0]
+    found = (n for n in sorted(units) if n != preprocess and (n == f"{stem}.o" or n.startswith(f"{source}.")))
+    return next(found, None)
+
+
+def unit_priority(times: Mapping[str, float], unit: str, package_priority: float) -> float:
+    """A compile's place in line among every package's waiting compiles: its package's :func:`priority` plus
+    its own recorded seconds. Within a package the longest unit goes first; across packages a long unit of
+    one is not left behind the short units of another that ranks a little higher (FA2's 800-second units
+    behind FA3's two-minute ones, when FA3's priority is 1310 and FA2's 1284). A preprocessor run
+    (``core.cu.E``, the object cache's) ranks as the compile it precedes (``core.o``, ``core.cu.o``) plus its
+    own seconds; a unit without a time (a new source, CMake's configure checks) as the package's longest:
+    unknown work is not put last."""
+    own = None
+    if unit.endswith(".E"):
+        target = compile_of(unit, times)
+        if target is not None:
+            own = float(times[target]) + float(times.get(unit, 0.0))
+    elif unit in times:
+        own = float(times[unit])
+    if own is None:
+        own = max((float(t) for t in times.values()), default=0.0)
+    return package_priority + own
 
 
 def reserved(expect: Expect, live_mb: float, past: bool) -> float:

@@ -78,19 +78,21 @@ class _Unit:
 
 
 class Broker:
-    """Admits the run's compiles: a token each, highest priority first (then first come), and, with a
-    memory budget, room for each unit's recorded or estimated peak.
+    """Admits the run's compiles: a token each, highest priority first (its package's plus its own seconds,
+    then first come), and, with a memory budget, room for each unit's recorded or estimated peak.
 
     A compile's gate (tasks/outside/gate.py) connects and says its package's priority
-    (:func:`tasks.engine.admission.priority`) and its unit; the broker admits it when a token is free and its
-    expected memory fits in the budget next to what the running units hold or are expected to reach
-    (and in what the host really has left), answers ``+``, and takes the token and the room back when
-    the connection closes. A unit that does not fit waits, and units behind it start only where they
-    leave its room free: heavy units are never overtaken for good, light ones fill the rest. While a
-    unit runs its gate reports its memory; once the process its recorded peak came in has ended, only
-    its recorded rest is counted. So the package that sets the run's wall time is never queued behind
-    one that does not, and memory is counted per unit, not as a fixed figure per job. Which waiter goes
-    next is :func:`tasks.engine.admission.choose`'s decision; the broker keeps the sockets, the token fifo and
+    (:func:`tasks.engine.admission.priority`) and its unit, and waits in line by that priority plus the
+    unit's seconds (:func:`tasks.engine.admission.unit_priority`); the broker admits it when a token is
+    free and its expected memory fits in the budget next to what the running units hold or are expected
+    to reach (and in what the host really has left), answers ``+``, and takes the token and the room
+    back when the connection closes. A unit that does not fit waits, and units behind it start only
+    where they leave its room free: heavy units are never overtaken for good, light ones fill the rest.
+    While a unit runs its gate reports its memory; once the process its recorded peak came in has ended,
+    only its recorded rest is counted. So the long units of the package that sets the run's wall time
+    are never queued behind short ones of a package that does not, and memory is counted per unit, not
+    as a fixed figure per job. Which waiter goes next is :func:`tasks.engine.admission.choose`'s
+    decision; the broker keeps the sockets, the token fifo and
     the selector loop.
     """
 
@@ -125,6 +127,7 @@ class Broker:
         self._starved_since: dict[str, float] = {}
         self._starved: dict[str, list[tuple[float, float]]] = {}
         self._plans: dict[str, Expectations] = {}
+        self._times: dict[str, dict[str, float]] = {}  # package -> its units' known seconds
         self._results: dict[str, dict[str, dict[str, object]]] = {}
         self._journals: dict[str, Journal] = {}
         self._journal_failed: set[str] = set()
@@ -156,13 +159,16 @@ class Broker:
         hints: dict[str, dict[str, object]] | None = None,
         default_mb: float = 0.0,
         journal: Journal | None = None,
+        times: dict[str, float] | None = None,
     ) -> None:
         """``package``'s build has started, at ``priority`` (while the highest one builds, a token may be
         kept for it: :func:`tasks.engine.admission.choose`); its units are expected to hold what ``records`` say
-        by unit, else what ``hints`` say, else ``default_mb``. Each of its units' records goes to ``journal``
-        as the unit ends (the cache's records: tasks/store/history.py ``record_unit``)."""
+        by unit, else what ``hints`` say, else ``default_mb``, and to take the seconds ``times`` say (each
+        waits in line by them: :func:`tasks.engine.admission.unit_priority`). Each of its units' records goes
+        to ``journal`` as the unit ends (the cache's records: tasks/store/history.py ``record_unit``)."""
         with self._lock:
             self._building[package] = priority
+            self._times[package] = dict(times or {})
             self._plans[package] = Expectations(records=records or {}, hints=hints or {}, default_mb=default_mb)
             if journal is not None:
                 self._journals[package] = journal
@@ -288,7 +294,9 @@ class Broker:
         unit.unit = words[2] if len(words) > 2 else "-"
         with self._lock:
             plan = self._plans.get(unit.package)
+            times = self._times.get(unit.package, {})
         unit.expect = plan.expect(unit.unit) if plan is not None else Expect(0.0)
+        prio = admission.unit_priority(times, unit.unit, prio)
         if len(words) > 3:  # killed for memory once: first in line, with the room it asked for
             try:
                 need = float(words[3])

@@ -147,7 +147,8 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
         while queue.get(i) and offered[i] < slots:
             unit = queue[i].pop(0)
             seq += 1
-            waiter = admission.Waiter(names[i], work[i].priority, seq, unit.expected())
+            place = admission.unit_priority({unit.name: unit.seconds}, unit.name, work[i].priority)
+            waiter = admission.Waiter(names[i], place, seq, unit.expected())
             waiting[seq] = (i, unit, waiter)
             offered[i] += 1
 
@@ -283,9 +284,7 @@ def split_units(
     for unit, seconds in times.items():
         if not unit.endswith(".E"):
             continue
-        source = unit[: -len(".E")]
-        stem = source.rsplit(".", 1)[0]
-        target = next((n for n in sorted(merged) if n == f"{stem}.o" or n.startswith(f"{source}.")), None)
+        target = admission.compile_of(unit, merged)
         if target is not None:
             merged[target] += seconds
         else:

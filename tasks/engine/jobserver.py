@@ -307,6 +307,7 @@ class JobServer:
         """
         session = Session(env={}, wait_log=out / "waits.log")
         prio = 0.0
+        times: dict[str, float] = {}
         if self.clients:
             times = history.known_times(
                 cache_root, history.hints_path(patches, history.TIMES_HINTS_FILE, profile), package
@@ -330,6 +331,7 @@ class JobServer:
             hints=history.load_memory(history.hints_path(patches, history.MEMORY_HINTS_FILE, profile)),
             default_mb=default_mb,
             journal=functools.partial(history.record_unit, cache_root, package),
+            times=times,
         )
         try:
             yield session

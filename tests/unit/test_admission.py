@@ -20,6 +20,7 @@ from tasks.engine.admission import (
     reserved,
     shifted,
     total,
+    unit_priority,
 )
 
 
@@ -37,6 +38,26 @@ def _next(
         waiting, running, slots=slots, budget_mb=budget_mb, available_mb=available_mb, building=building or {}
     )
     return None if found is None else f"{found.package}#{found.seq}"
+
+
+def test_a_unit_waits_by_its_package_priority_plus_its_own_seconds() -> None:
+    fa3 = {"flash_fwd_hdimall_bf16_sm90.o": 650.0, "flash_fwd_combine.o": 120.0}
+    fa2 = {"flash_bwd_hdim128_bf16_sm80.o": 820.0, "flash_api.o": 60.0}
+    fa3_prio, fa2_prio = 1310.0, 1284.0  # the default profile's, on 64 slots: FA3 ranks a little higher
+    long_fa2 = unit_priority(fa2, "flash_bwd_hdim128_bf16_sm80.o", fa2_prio)
+    assert long_fa2 == fa2_prio + 820.0
+    assert long_fa2 > unit_priority(fa3, "flash_fwd_combine.o", fa3_prio)
+    assert unit_priority(fa3, "flash_fwd_hdimall_bf16_sm90.o", fa3_prio) > unit_priority(
+        {"flash_fwd_split.o": 640.0}, "flash_fwd_split.o", fa2_prio
+    )  # of two units nearly as long, the one of the package that ranks higher
+    # A preprocessor run ranks as the compile it precedes, plus its own seconds.
+    assert unit_priority(fa2, "flash_bwd_hdim128_bf16_sm80.cu.E", fa2_prio) == fa2_prio + 820.0
+    assert unit_priority({**fa2, "flash_api.cpp.E": 2.0}, "flash_api.cpp.E", fa2_prio) == fa2_prio + 62.0
+    assert unit_priority({"core.cu.o": 30.0}, "core.cu.E", 5.0) == 35.0  # CMake's naming
+    # A unit without a time (a configure check, a new source) ranks as its package's longest, not last.
+    assert unit_priority(fa2, "cmTC_1f5dd", fa2_prio) == fa2_prio + 820.0
+    assert unit_priority(fa2, "new_kernel.cu.E", fa2_prio) == fa2_prio + 820.0
+    assert unit_priority({}, "x.o", 0.0) == 0.0  # no records at all: after every package that has them
 
 
 def test_a_package_claims_tokens_by_its_longest_unit_plus_its_work_over_the_budget() -> None:

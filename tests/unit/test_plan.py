@@ -441,3 +441,16 @@ def test_hints_are_written_per_profile_from_the_last_builds_compile_units(tmp_pa
     assert work.units == (UnitWork("k.o", 402.0, 20000, Expect(20000, "cicc", 3000, 1500, 40.0, 30.0)),)
     minimal = package_work(tmp_path / "fresh", tmp_path / "patches", pkg, slots=4, profile="minimal")[0]  # type: ignore[arg-type]
     assert [(u.name, u.seconds, u.expect) for u in minimal.units] == [("k.o", 50.0, Expect(24 * 1024))]
+
+
+def test_a_long_unit_of_a_lower_package_starts_before_short_ones_of_a_higher_one() -> None:
+    """Waiters line up by their package's priority plus their own seconds (admission.unit_priority): a package
+    that ranks a little lower (FA2 beside FA3) gets its long unit in before the short units of the other,
+    instead of running it last on a slot of its own."""
+    a_units = (UnitWork("a_long.o", 10.0), *(UnitWork(f"a{i}.o", 1.0) for i in range(6)))
+    a = PackageWork("a", a_units, priority=priority({u.name: u.seconds for u in a_units}, 2))
+    b = PackageWork("b", (UnitWork("b_long.o", 9.0),), priority=priority({"b_long.o": 9.0}, 2))
+    assert a.priority > b.priority
+    f = simulate([a, b], slots=2)
+    assert f.packages["b"].end_s == 9.0  # started at once, beside a_long
+    assert f.wall_s == 13.0  # a's six short units on the slots as they free: 9..12 and 10..13
