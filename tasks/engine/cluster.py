@@ -356,10 +356,15 @@ def _names(nodes: list[dict[str, Any]]) -> dict[str, str]:
 JOIN_ATTEMPTS = 3
 
 
+#: What a head's Ray Client proxy answers where the server it starts for this client did not come up: said
+#: so, or its process already gone (a zombie on a loaded host) when the proxy looked at it.
+CLIENT_SERVER_FAILED = ("Starting Ray client server failed", "Initialization failure from server")
+
+
 def _client_server_failed(value: str, exc: BaseException) -> bool:
     """Whether joining ``value`` failed because Ray Client's server for this client did not start (its head
     says so), which another join may not meet."""
-    return value.startswith("ray://") and "Starting Ray client server failed" in str(exc)
+    return value.startswith("ray://") and any(said in str(exc) for said in CLIENT_SERVER_FAILED)
 
 
 def connect(value: str, env: dict[str, str], here: Mapping[str, Any], *, timeout: float = 10.0) -> Cluster | None:

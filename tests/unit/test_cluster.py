@@ -220,4 +220,10 @@ def test_only_a_ray_client_server_that_did_not_start_is_joined_again() -> None:
     )
     assert cluster._client_server_failed("ray://10.0.0.1:10001", said)
     assert not cluster._client_server_failed("10.0.0.1:6379", said)
+    # Its server's process gone before the proxy read its command line (seen in a loaded CI run).
+    zombie = ConnectionAbortedError(
+        "Initialization failure from server:\nTraceback (most recent call last):\n  ...\n"
+        "psutil.ZombieProcess: PID still exists but it's a zombie (pid=27765)\n"
+    )
+    assert cluster._client_server_failed("ray://127.0.0.1:43145", zombie)
     assert not cluster._client_server_failed("ray://10.0.0.1:10001", ConnectionError("ray client connection timeout"))
