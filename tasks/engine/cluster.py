@@ -357,8 +357,9 @@ JOIN_ATTEMPTS = 3
 
 
 #: What a head's Ray Client proxy answers where the server it starts for this client did not come up: said
-#: so, or its process already gone (a zombie on a loaded host) when the proxy looked at it.
-CLIENT_SERVER_FAILED = ("Starting Ray client server failed", "Initialization failure from server")
+#: so, or its process already gone (a zombie on a loaded host) when the proxy looked at it. Only these: any
+#: other "Initialization failure from server" (a version mismatch) fails the same way again.
+CLIENT_SERVER_FAILED = ("Starting Ray client server failed", "psutil.ZombieProcess")
 
 
 def _client_server_failed(value: str, exc: BaseException) -> bool:

@@ -226,4 +226,6 @@ def test_only_a_ray_client_server_that_did_not_start_is_joined_again() -> None:
         "psutil.ZombieProcess: PID still exists but it's a zombie (pid=27765)\n"
     )
     assert cluster._client_server_failed("ray://127.0.0.1:43145", zombie)
+    other = ConnectionAbortedError("Initialization failure from server:\nRuntimeError: Version mismatch: ...")
+    assert not cluster._client_server_failed("ray://10.0.0.1:10001", other)
     assert not cluster._client_server_failed("ray://10.0.0.1:10001", ConnectionError("ray client connection timeout"))
