@@ -382,15 +382,15 @@ class Broker:
             self._count(unit, held=-1)
             os.write(self._fifo, b"+")
             self._note("end", unit)
+        elif unit.package:  # it waited (only a waiter leaves the line here: a running unit was never in it)
+            self._waiting = [w for w in self._waiting if w[2] is not conn]
+            heapq.heapify(self._waiting)
+            self._count(unit, waiting=-1)
         if self.cluster is not None and (unit.task is not None or unit.node is not None):
             if unit.task is not None:  # its gate is gone (Ctrl-C, a failed build) while it ran there: so is it
                 self._note("cancelled", unit)
             self.cluster.release(unit.task, unit.node, unit.expect.peak_mb)
             unit.task = unit.node = None
-        elif unit.package:
-            self._waiting = [w for w in self._waiting if w[2] is not conn]
-            heapq.heapify(self._waiting)
-            self._count(unit, waiting=-1)
 
     def _remote(self, conn: socket.socket, unit: _Unit, payload: bytes) -> None:
         """A gate the broker sent to the cluster sends its compile (``x {json}``): run it on the unit's node."""

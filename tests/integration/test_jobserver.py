@@ -182,6 +182,42 @@ def test_a_slot_freed_while_a_long_unit_runs_goes_to_the_units_waiting(tmp_path:
         server.close()
 
 
+def test_a_wait_after_the_packages_first_unit_ended_counts_as_waiting_for_slots(tmp_path: Path) -> None:
+    """A package's waits for a slot count (its build summary's "waited", and what the forecast takes out of
+    its serial part) after one of its units has run too: on the GPU host, TransformerEngine's CMake checks
+    and megatron_core's link waited 70-95 s each behind other packages' compiles, after a first unit of
+    theirs had ended, and the record said 0.0 (the end of a unit also took one off the package's waiters)."""
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(1, tmp_path / "js", search_path=path)
+    env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+    out = tmp_path / "te"
+    out.mkdir()
+    big = None
+    try:
+        with server.build_session(
+            "te", out=out, cache_root=tmp_path / "cache", patches=tmp_path / "p", default_mb=0, log=out / "log"
+        ) as session:
+            te_env = {**env, **session.env}
+            subprocess.run(["cc", "-o", str(out / "1.txt"), "0.1"], env=te_env, check=True)  # ran and ended
+            big = subprocess.Popen(
+                ["cc", "-o", str(tmp_path / "big.txt"), "4.0"], env={**env, "REPRO_GATE_PACKAGE": "big"}
+            )
+            broker = server.broker
+            assert broker is not None
+            deadline = time.monotonic() + 30
+            while not broker._held and time.monotonic() < deadline:  # big's compile holds the one slot
+                time.sleep(0.01)
+            subprocess.run(["cc", "-o", str(out / "2.txt"), "0.1"], env=te_env, check=True)  # waits for it
+        assert big.wait(timeout=30) == 0
+        waited = sum(end - start for start, end in session.starved)
+        assert waited >= 1.0, f"te's second unit waited most of big's 4 s compile; counted {session.starved}"
+        assert _tokens_back(server) == 1
+    finally:
+        if big is not None and big.poll() is None:
+            big.kill()
+        server.close()
+
+
 def test_a_freed_token_goes_to_the_highest_priority_waiting_compiler(tmp_path: Path) -> None:
     """Three packages' compilers wait for the one slot, arriving in the order 1, 5, 3 of their packages'
     priorities; the slot goes to 5, then 3, then 1. A waiter that gives up is dropped, and its place
