@@ -7,7 +7,8 @@ which waiting compile gets it. The rules, in the order they apply:
 1. the package that sets the run's wall time, and its longest compiles: waiters
    line up by their package's :func:`priority` plus their own recorded seconds
    (:func:`unit_priority`; a compile killed for memory and run once more goes
-   first of all), then first come;
+   first of all, and a short unit that its package waits on alone, running no
+   compile, a serial step's, before the others), then first come;
 2. the held token: while the package of the highest priority builds and runs
    no compile, the last free token is kept for it (four slots or more);
 3. memory: a compile starts only when what it is expected to hold (:class:`Expectations`), from now on,
@@ -24,6 +25,7 @@ with plain values; the forecast (tasks/engine/forecast.py) calls :func:`choose` 
 from __future__ import annotations
 
 import bisect
+import collections
 import fnmatch
 import functools
 import heapq
@@ -264,12 +266,28 @@ def shifted(steps: Steps, by: float) -> Steps:
 @dataclass(frozen=True)
 class Waiter:
     """A compile asking for a token: its package, its place in line (``priority``, highest first, then
-    ``seq``, lowest first) and the memory it is expected to reach."""
+    ``seq``, lowest first), the memory it is expected to reach, and whether it is a serial step's unit
+    (:func:`is_step`)."""
 
     package: str
     priority: float
     seq: int
     expect: Expect
+    step: bool = False
+
+
+#: A unit recorded at this many seconds or fewer is a serial step's (CMake's compiler checks took 0.1 to
+#: 2.1 s on the H200 host, megatron_core's link 0.2 s): while its package runs no compile, it goes first.
+SERIAL_STEP_S = 5.0
+
+
+def is_step(times: Mapping[str, float], unit: str) -> bool:
+    """Whether ``unit`` is a serial step's: one of CMake's try-compile targets (``cmTC_*``, a new name each
+    configure), or recorded (``times``) at :data:`SERIAL_STEP_S` or fewer."""
+    if unit.startswith("cmTC_"):
+        return True
+    seconds = times.get(unit)
+    return seconds is not None and float(seconds) <= SERIAL_STEP_S
 
 
 @dataclass(frozen=True)
@@ -360,6 +378,14 @@ def kept_for(head: Steps, beside: Beside, budget_mb: float) -> Steps:
     return ((0.0, most(head)),)
 
 
+def _line(alone: set[str], w: Waiter) -> tuple[int, float, int]:
+    """``w``'s place in line: a unit run once more after it was killed for memory first, then a serial
+    step's unit (:func:`is_step`) of a package that runs no compile and has no other waiting (``alone``),
+    then the rest; within each, by :func:`unit_priority`, then first come."""
+    rank = 0 if math.isinf(w.priority) else 1 if w.step and w.package in alone else 2
+    return rank, -w.priority, w.seq
+
+
 def choose(
     waiting: Sequence[Waiter],
     running: Sequence[Running],
@@ -373,23 +399,29 @@ def choose(
     """The waiter to admit next, if any: the first in line if it fits, else the first behind it that
     leaves the first one's room free from when that one is expected to fit (:func:`kept_for`).
 
-    ``building`` maps each package whose build runs to its priority. While the package of the highest
-    priority builds and runs no compile, the last free token is kept for it (on four slots or more): its
-    serial phases (CMake's compiler checks, one compile after another, the compile after a link) then
-    never wait for a long unit of another package to end. TransformerEngine's configure checks waited
-    27 s for a token that way on the 16-core host. While it runs a compile, the other packages may take
-    every other token.
+    ``building`` maps each package whose build runs to its priority. A short unit (:func:`is_step`) that
+    its package waits on alone, running no compile and asking for no other, is a serial step's (CMake's
+    compiler checks one after another, a link): it goes before the others (:func:`_line`), so that the
+    step waits for the next token that comes free, not for every unit of the packages above it. On the 16-core
+    H200 host, with apex's records ranking it above TransformerEngine, TE's configure checks waited 72 s
+    for their first token behind apex's units and about 100 s in all, and megatron_core's link 94 s.
+    While the package of the highest priority builds and runs no compile, the last free token is also
+    kept for it (on four slots or more): its serial steps then start at once, as TE's checks, which
+    waited 27 s for a token without it. While it runs a compile, the other packages may take every
+    other token.
 
     ``available_mb`` is the host's MemAvailable, where known (the broker reads it only with a budget and
     something running), of which ``headroom_mb`` stays free.
     """
     top = max(building.values(), default=0.0)
     first = {p for p, prio in building.items() if prio == top} if top > 0 else set()
-    busy = any(r.package in first for r in running)
-    keep = 1 if first and not busy and slots >= 4 else 0
+    compiling = {r.package for r in running}
+    keep = 1 if first and not first & compiling and slots >= 4 else 0
+    asking = collections.Counter(w.package for w in waiting)
+    alone = {p for p, n in asking.items() if n == 1 and p not in compiling}
     order = [
         w
-        for w in sorted(waiting, key=lambda w: (-w.priority, w.seq))
+        for w in sorted(waiting, key=functools.partial(_line, alone))
         if not keep or w.package in first or len(running) < slots - keep
     ]
     if not order:

@@ -64,6 +64,8 @@ class _Unit:
     task: object = None
     #: Its gate said it must run here (a link, a preprocessor run): never sent to a cluster.
     here: bool = False
+    #: A short unit (admission.is_step): first in line while its package waits on it alone.
+    step: bool = False
 
     def outlook(self, now: float) -> admission.Steps:
         """What this running unit is expected to hold from ``now`` (seconds since the epoch) on."""
@@ -297,6 +299,7 @@ class Broker:
             times = self._times.get(unit.package, {})
         unit.expect = plan.expect(unit.unit) if plan is not None else Expect(0.0)
         prio = admission.unit_priority(times, unit.unit, prio)
+        unit.step = admission.is_step(times, unit.unit)
         if len(words) > 3:  # killed for memory once: first in line, with the room it asked for
             try:
                 need = float(words[3])
@@ -452,7 +455,7 @@ class Broker:
             running.append(admission.Running(u.package, ahead[0][1], u.live_mb, ahead))
         chosen = admission.choose(
             [
-                admission.Waiter(self._units[conn].package, -neg, seq, self._units[conn].expect)
+                admission.Waiter(self._units[conn].package, -neg, seq, self._units[conn].expect, self._units[conn].step)
                 for neg, seq, conn in self._waiting
             ],
             running,

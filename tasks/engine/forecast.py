@@ -148,7 +148,8 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
             unit = queue[i].pop(0)
             seq += 1
             place = admission.unit_priority({unit.name: unit.seconds}, unit.name, work[i].priority)
-            waiter = admission.Waiter(names[i], place, seq, unit.expected())
+            step = admission.is_step({unit.name: unit.seconds}, unit.name)
+            waiter = admission.Waiter(names[i], place, seq, unit.expected(), step)
             waiting[seq] = (i, unit, waiter)
             offered[i] += 1
 

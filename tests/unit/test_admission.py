@@ -14,6 +14,7 @@ from tasks.engine.admission import (
     Waiter,
     choose,
     expectation,
+    is_step,
     most,
     outlook,
     priority,
@@ -84,6 +85,36 @@ def test_the_waiter_of_the_highest_priority_goes_first_then_first_come() -> None
     # A unit killed for memory and run once more (the broker gives it infinite priority) goes before all.
     assert _next([*waiting, Waiter("fa3", float("inf"), 9, Expect(100))]) == "fa3#9"
     assert _next([]) is None
+
+
+def test_a_short_unit_its_package_waits_on_alone_goes_first() -> None:
+    """The 16-core H200 host, with apex's records ranking it (490.9) above TransformerEngine (446.3): TE's
+    CMake checks, one after another, each its package's only unit, waited 72 s for their first token behind
+    apex's units. A short unit (admission.is_step) that its package waits on alone, running no compile,
+    now goes before them; not where its package runs a compile or asks for others (a batch keeps its
+    order by priority), not a long unit, and not before a unit run once more after it was killed."""
+    apex_running = [Running("apex", 100.0) for _ in range(15)]
+    apex_waiting = [Waiter("apex", 490.9 + 120.0, i, Expect(100)) for i in range(1, 4)]
+    check = Waiter("te", 446.3 + 2.1, 9, Expect(185), step=True)
+    assert _next([*apex_waiting, check], apex_running, slots=16) == "te#9"
+    # Where TE runs a compile, or asks for another unit beside it, the line keeps its order.
+    assert _next([*apex_waiting, check], [*apex_running[:14], Running("te", 100.0)], slots=16) == "apex#1"
+    other = Waiter("te", 446.3 + 100.0, 10, Expect(100))
+    assert _next([*apex_waiting, check, other], apex_running, slots=16) == "apex#1"
+    # A long unit (not a step) of a package that runs nothing waits by its priority as before.
+    assert _next([*apex_waiting, Waiter("te", 446.3 + 100.0, 9, Expect(100))], apex_running, slots=16) == "apex#1"
+    # A unit killed for memory and run once more still goes first.
+    assert _next([*apex_waiting, check, Waiter("fa3", float("inf"), 11, Expect(100))], apex_running, slots=16) == (
+        "fa3#11"
+    )
+
+
+def test_a_serial_steps_unit_is_short_by_its_record_or_one_of_cmakes_checks() -> None:
+    times = {"CMakeCUDACompilerId.cu": 2.1, "helpers_cpp.so": 0.2, "helpers.o": 9.2, "cast.cu.o": 120.0}
+    assert is_step(times, "CMakeCUDACompilerId.cu") and is_step(times, "helpers_cpp.so")
+    assert not is_step(times, "helpers.o") and not is_step(times, "cast.cu.o")
+    assert is_step({}, "cmTC_effe4")  # CMake's try-compile target: a new name each configure
+    assert not is_step({}, "new_source.cu.o")  # unknown: not taken for short
 
 
 def test_the_last_token_is_kept_for_the_top_package_while_it_runs_no_compile() -> None:

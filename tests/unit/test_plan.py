@@ -165,18 +165,23 @@ def test_memory_admission_serialises_units_that_do_not_fit_together() -> None:
 
 def test_a_light_unit_passes_a_heavy_one_only_where_it_leaves_the_heavy_ones_room() -> None:
     heavy = PackageWork("heavy", (UnitWork("h1.o", 10, 8000), UnitWork("h2.o", 10, 8000)), priority=5)
-    light = PackageWork("light", (UnitWork("l.o", 2, 1000),), priority=1)
+    light = PackageWork("light", (UnitWork("l.o", 8, 1000),), priority=1)
     # Budget 9 GB, 3 slots: h1 runs; h2 waits for room, and l.o, behind it, would take the room h2 waits for
-    # (alone it would end at 2 s); when h1 ends, h2 starts and l.o fits beside it.
+    # (alone it would end at 8 s); when h1 ends, h2 starts and l.o fits beside it.
     f = simulate([heavy, light], slots=3, budget_mb=9000)
-    assert f.packages["heavy"].end_s == 20 and f.packages["light"].end_s == 12
+    assert f.packages["heavy"].end_s == 20 and f.packages["light"].end_s == 18
     assert f.peak_mb == 9000
     # 16.5 GB: h1 and h2 at once, no room for l.o until one of them ends.
     f = simulate([heavy, light], slots=3, budget_mb=16_500)
-    assert f.packages["heavy"].end_s == 10 and f.packages["light"].end_s == 12
+    assert f.packages["heavy"].end_s == 10 and f.packages["light"].end_s == 18
     # 17 GB: room for all three at once.
     f = simulate([heavy, light], slots=3, budget_mb=17_000)
-    assert f.wall_s == 10 and f.packages["light"].end_s == 2 and f.peak_mb == 17_000
+    assert f.wall_s == 10 and f.packages["light"].end_s == 8 and f.peak_mb == 17_000
+    # A serial step's unit (2 s: admission.SERIAL_STEP_S) of a package that runs nothing goes first: it
+    # fits beside h1 in 9 GB and ends at 2 s, and h2 waits for h1 as before.
+    step = PackageWork("light", (UnitWork("l.o", 2, 1000),), priority=1)
+    f = simulate([heavy, step], slots=3, budget_mb=9000)
+    assert f.packages["heavy"].end_s == 20 and f.packages["light"].end_s == 2
 
 
 def _recorded_like(timed: bool) -> list[PackageWork]:
