@@ -218,6 +218,44 @@ def test_a_wait_after_the_packages_first_unit_ended_counts_as_waiting_for_slots(
         server.close()
 
 
+def test_a_short_unit_its_package_waits_on_alone_takes_the_next_free_token(tmp_path: Path) -> None:
+    """A build whose one waiting unit is recorded short (a CMake check, a link: admission.is_step), running
+    no compile, gets the next free token before the waiting units of a package of higher priority, through
+    the broker as a build session opens it (its times from the cache's records)."""
+    from tasks.store.history import record_times
+
+    path = os.pathsep.join([str(_fake_compiler(tmp_path / "bin")), _ninja_dir(), os.environ.get("PATH", "")])
+    server = JobServer(1, tmp_path / "js", search_path=path)
+    cache = tmp_path / "cache"
+    record_times(cache, "te", {"check.txt": 0.2, "big.txt": 300.0})
+    out = tmp_path / "te"
+    out.mkdir()
+    try:
+        env, _how = server.gate_env(server.env({**os.environ, "PATH": path}), ccache=False)
+        higher = {**env, "REPRO_GATE_PRIORITY": "900", "REPRO_GATE_PACKAGE": "apex"}
+        with server.build_session(
+            "te", out=out, cache_root=cache, patches=tmp_path / "p", default_mb=0, log=out / "log"
+        ) as session:
+            with server.slot(1):  # every token taken: the waiters line up
+                apex = [
+                    subprocess.Popen(["cc", "-o", str(tmp_path / f"apex{i}.txt"), "0.3"], env=higher) for i in range(2)
+                ]
+                te = subprocess.Popen(["cc", "-o", str(out / "check.txt"), "0.1"], env={**env, **session.env})
+                broker = server.broker
+                assert broker is not None
+                deadline = time.monotonic() + 30
+                while len(broker._waiting) < 3 and time.monotonic() < deadline:  # all three in line
+                    time.sleep(0.01)
+            assert te.wait(timeout=30) == 0
+        assert all(p.wait(timeout=30) == 0 for p in apex)
+        te_start = float((out / "check.txt").read_text().split()[0])
+        apex_starts = [float((tmp_path / f"apex{i}.txt").read_text().split()[0]) for i in range(2)]
+        assert te_start < min(apex_starts), f"te's check started at {te_start}, apex's at {apex_starts}"
+        assert _tokens_back(server) == 1
+    finally:
+        server.close()
+
+
 def test_a_freed_token_goes_to_the_highest_priority_waiting_compiler(tmp_path: Path) -> None:
     """Three packages' compilers wait for the one slot, arriving in the order 1, 5, 3 of their packages'
     priorities; the slot goes to 5, then 3, then 1. A waiter that gives up is dropped, and its place
