@@ -106,16 +106,25 @@ def sdpa_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[An
 BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 512, 8, 128
 FWD_MAX_ABS = 2e-2
 GRAD_REL = 5e-2
+SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
-def compare_attention(torch: Any, func: Callable[..., Any], causal: bool) -> Result:
-    """bf16 attention ``func(q, k, v, causal=...)`` fwd+bwd vs fp32 SDPA, with the tolerances above."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    shape = (BATCH, SEQLEN, HEADS, HEAD_DIM)
-    q, k, v = (
-        torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_(True) for _ in range(3)
-    )
-    dout = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+def compare_attention(
+    torch: Any,
+    func: Callable[..., Any],
+    causal: bool,
+    *,
+    dtype: str = "bfloat16",
+    shape: tuple[int, int, int, int] = (BATCH, SEQLEN, HEADS, HEAD_DIM),
+    device: str = "cuda",
+    seed: int = 0,
+) -> Result:
+    """Attention ``func(q, k, v, causal=...)`` in ``dtype`` (bf16 unless said) fwd+bwd vs fp32 SDPA, with the
+    tolerances above; inputs of ``shape`` (batch, seqlen, heads, head dim)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    kind = getattr(torch, dtype)
+    q, k, v = (torch.randn(shape, generator=gen, device=device, dtype=kind).requires_grad_(True) for _ in range(3))
+    dout = torch.randn(shape, generator=gen, device=device, dtype=kind)
     res = func(q, k, v, causal=causal)
     out = res[0] if isinstance(res, tuple) else res
     out.backward(dout)
@@ -128,7 +137,7 @@ def compare_attention(torch: Any, func: Callable[..., Any], causal: bool) -> Res
     }
     ok = fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in grads.values())
     detail = (
-        f"bf16 {shape}, causal={causal}: fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
+        f"{SHORT.get(dtype, dtype)} {shape}, causal={causal}: fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
         + ", ".join(f"{n} rel={e:.1e}" for n, e in grads.items())
         + f" (tol {GRAD_REL:g}) vs fp32 SDPA"
     )

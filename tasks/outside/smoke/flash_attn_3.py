@@ -38,6 +38,7 @@ from _harness import (  # first: see _harness.py
     max_abs_err,
     rel_err,
     run_gpu,
+    sdpa_reference,
     verdict,
 )
 
@@ -75,42 +76,15 @@ def _guarded(fn: Callable[[Any, Any], Result]) -> Callable[[], Result]:
     return check
 
 
-def _reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, list[Any]]:
-    """float32 SDPA (math backend, no TF32) of (b, s, h, d) inputs, v's head dim free; out and leaves."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    leaves = [t.detach().float().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
-    attention = importlib.import_module("torch.nn.attention")
-    with attention.sdpa_kernel(attention.SDPBackend.MATH):
-        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
-    return out.transpose(1, 2), leaves
-
-
 def _out(res: Any) -> Any:
     return res[0] if isinstance(res, tuple) else res
 
 
 def fwd_bwd(dtype_name: str, head_dim: int) -> Callable[[], Result]:
     def run(torch: Any, iface: Any) -> Result:
-        dtype = getattr(torch, dtype_name)
-        gen = torch.Generator(device=DEVICE).manual_seed(head_dim)
         shape = (2, 256, 4, head_dim)
-        q, k, v = (torch.randn(shape, generator=gen, device=DEVICE, dtype=dtype).requires_grad_(True) for _ in range(3))
-        dout = torch.randn(shape, generator=gen, device=DEVICE, dtype=dtype)
-        out = _out(iface.flash_attn_func(q, k, v, causal=True))
-        out.backward(dout)
-        ref, leaves = _reference(torch, q, k, v, True)
-        ref.backward(dout.float())
-        fwd = max_abs_err(out, ref)
-        grads = {
-            name: rel_err(t.grad, leaf.grad.transpose(1, 2))
-            for name, t, leaf in zip(("dq", "dk", "dv"), (q, k, v), leaves, strict=True)
-        }
-        ok = fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in grads.values())
-        return verdict(
-            ok,
-            f"{dtype_name} {shape}, causal: fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
-            + ", ".join(f"{n} rel={e:.1e}" for n, e in grads.items())
-            + f" (tol {GRAD_REL:g}) vs fp32 SDPA",
+        return compare_attention(
+            torch, iface.flash_attn_func, True, dtype=dtype_name, shape=shape, device=DEVICE, seed=head_dim
         )
 
     return _guarded(run)
@@ -121,7 +95,7 @@ def fwd_hdimdiff(torch: Any, iface: Any) -> Result:
     q, k = (torch.randn((2, 256, 4, 192), generator=gen, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
     v = torch.randn((2, 256, 4, 128), generator=gen, device=DEVICE, dtype=torch.bfloat16)
     out = _out(iface.flash_attn_func(q, k, v, causal=True))
-    ref, _ = _reference(torch, q, k, v, True)
+    ref, _ = sdpa_reference(torch, q, k, v, True)
     fwd = max_abs_err(out, ref)
     shape = "q, k (2, 256, 4, 192), v (2, 256, 4, 128)"
     return verdict(
@@ -139,7 +113,7 @@ def fwd_e4m3(head_dim: int) -> Callable[[], Result]:
             for _ in range(3)
         )
         out = _out(iface.flash_attn_func(q, k, v, causal=True))
-        ref, _ = _reference(torch, q, k, v, True)  # on the fp8 values themselves, upcast
+        ref, _ = sdpa_reference(torch, q, k, v, True)  # on the fp8 values themselves, upcast
         err = rel_err(out, ref)
         return verdict(
             err < FP8_REL,
@@ -167,7 +141,7 @@ def varlen(torch: Any, iface: Any) -> Result:
     out.backward(dout)
     refs, leaves = [], []
     for a, b in itertools.pairwise(starts):
-        ref, leaf = _reference(torch, q[a:b].unsqueeze(0), k[a:b].unsqueeze(0), v[a:b].unsqueeze(0), True)
+        ref, leaf = sdpa_reference(torch, q[a:b].unsqueeze(0), k[a:b].unsqueeze(0), v[a:b].unsqueeze(0), True)
         refs.append(ref.squeeze(0))
         leaves.append(leaf)
     ref = torch.cat(refs)
@@ -211,7 +185,7 @@ def paged_kv(torch: Any, iface: Any) -> Result:
         k = k_cache[idx].reshape(-1, heads, dim)[:n].unsqueeze(0)
         v = v_cache[idx].reshape(-1, heads, dim)[:n].unsqueeze(0)
         # One query token after n cached ones, causal aligned bottom right: it sees all n.
-        ref, _ = _reference(torch, q[b : b + 1], k, v, False)
+        ref, _ = sdpa_reference(torch, q[b : b + 1], k, v, False)
         worst = max(worst, max_abs_err(out[b : b + 1], ref))
     return verdict(
         worst < FWD_MAX_ABS,
@@ -221,15 +195,7 @@ def paged_kv(torch: Any, iface: Any) -> Result:
 
 
 def case(causal: bool) -> Callable[[], Result]:
-    def check() -> Result:
-        torch = importlib.import_module("torch")
-        reason = _sm90(torch)
-        if reason is not None:
-            return "SKIP", reason
-        iface = importlib.import_module("flash_attn_3.flash_attn_interface")
-        return compare_attention(torch, iface.flash_attn_func, causal)
-
-    return check
+    return _guarded(lambda torch, iface: compare_attention(torch, iface.flash_attn_func, causal, device=DEVICE))
 
 
 if __name__ == "__main__":
