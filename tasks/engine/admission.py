@@ -281,10 +281,18 @@ class Waiter:
 SERIAL_STEP_S = 5.0
 
 
+#: The units of CMake's configure checks, by the names CMake gives them (a fresh host has no record of
+#: them: the lock's hints hold compiles only): its try-compile targets (a new name each configure), its
+#: compiler identification and ABI checks, a check's source (``src.cxx``), a preprocessor run on stdin and
+#: nvcc's temporary files.
+CONFIGURE_CHECKS = ("cmTC_*", "CMake*CompilerId*", "CMake*CompilerABI*", "src.c", "src.c.*", "src.cxx*", "src.cu*",
+                    "-.E", "tmpxft_*")  # fmt: skip
+
+
 def is_step(times: Mapping[str, float], unit: str) -> bool:
-    """Whether ``unit`` is a serial step's: one of CMake's try-compile targets (``cmTC_*``, a new name each
-    configure), or recorded (``times``) at :data:`SERIAL_STEP_S` or fewer."""
-    if unit.startswith("cmTC_"):
+    """Whether ``unit`` is a serial step's: one of CMake's configure checks (:data:`CONFIGURE_CHECKS`), or
+    recorded (``times``) at :data:`SERIAL_STEP_S` or fewer."""
+    if any(fnmatch.fnmatchcase(unit, pattern) for pattern in CONFIGURE_CHECKS):
         return True
     seconds = times.get(unit)
     return seconds is not None and float(seconds) <= SERIAL_STEP_S
