@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # Run by path, a script's own directory comes first on sys.path, where a
@@ -125,20 +125,29 @@ def compare_attention(
     kind = getattr(torch, dtype)
     q, k, v = (torch.randn(shape, generator=gen, device=device, dtype=kind).requires_grad_(True) for _ in range(3))
     dout = torch.randn(shape, generator=gen, device=device, dtype=kind)
-    res = func(q, k, v, causal=causal)
-    out = res[0] if isinstance(res, tuple) else res
+    out = first_output(func(q, k, v, causal=causal))
     out.backward(dout)
     ref, leaves = sdpa_reference(torch, q, k, v, causal)
     ref.backward(dout.float())
+    grads = [leaf.grad.transpose(1, 2) for leaf in leaves]
+    ok, figures = judge_fwd_bwd(out, ref, (q.grad, k.grad, v.grad), grads)
+    return verdict(ok, f"{SHORT.get(dtype, dtype)} {shape}, causal={causal}: {figures} vs fp32 SDPA")
+
+
+def first_output(res: Any) -> Any:
+    """An attention call's output: the first of what it returns where that is a tuple (out, softmax_lse)."""
+    return res[0] if isinstance(res, tuple) else res
+
+
+def judge_fwd_bwd(out: Any, ref: Any, grads: Sequence[Any], ref_grads: Sequence[Any]) -> tuple[bool, str]:
+    """Forward max |err| and dq, dk, dv norm-wise relative errors against the reference's, by the tolerances
+    above: whether all are within, and the figures as the checks print them."""
     fwd = max_abs_err(out, ref)
-    grads = {
-        name: rel_err(t.grad, leaf.grad.transpose(1, 2))
-        for name, t, leaf in zip(("dq", "dk", "dv"), (q, k, v), leaves, strict=True)
-    }
-    ok = fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in grads.values())
-    detail = (
-        f"{SHORT.get(dtype, dtype)} {shape}, causal={causal}: fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
-        + ", ".join(f"{n} rel={e:.1e}" for n, e in grads.items())
-        + f" (tol {GRAD_REL:g}) vs fp32 SDPA"
+    rel = {n: rel_err(g, r) for n, g, r in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True)}
+    ok = fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in rel.values())
+    figures = (
+        f"fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
+        + ", ".join(f"{n} rel={e:.1e}" for n, e in rel.items())
+        + f" (tol {GRAD_REL:g})"
     )
-    return verdict(ok, detail)
+    return ok, figures

@@ -32,9 +32,11 @@ from typing import Any
 
 from _harness import (  # first: see _harness.py
     FWD_MAX_ABS,
-    GRAD_REL,
+    SHORT,
     Result,
     compare_attention,
+    first_output,
+    judge_fwd_bwd,
     max_abs_err,
     rel_err,
     run_gpu,
@@ -76,10 +78,6 @@ def _guarded(fn: Callable[[Any, Any], Result]) -> Callable[[], Result]:
     return check
 
 
-def _out(res: Any) -> Any:
-    return res[0] if isinstance(res, tuple) else res
-
-
 def fwd_bwd(dtype_name: str, head_dim: int) -> Callable[[], Result]:
     def run(torch: Any, iface: Any) -> Result:
         shape = (2, 256, 4, head_dim)
@@ -94,7 +92,7 @@ def fwd_hdimdiff(torch: Any, iface: Any) -> Result:
     gen = torch.Generator(device=DEVICE).manual_seed(1)
     q, k = (torch.randn((2, 256, 4, 192), generator=gen, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
     v = torch.randn((2, 256, 4, 128), generator=gen, device=DEVICE, dtype=torch.bfloat16)
-    out = _out(iface.flash_attn_func(q, k, v, causal=True))
+    out = first_output(iface.flash_attn_func(q, k, v, causal=True))
     ref, _ = sdpa_reference(torch, q, k, v, True)
     fwd = max_abs_err(out, ref)
     shape = "q, k (2, 256, 4, 192), v (2, 256, 4, 128)"
@@ -112,7 +110,7 @@ def fwd_e4m3(head_dim: int) -> Callable[[], Result]:
             torch.randn(shape, generator=gen, device=DEVICE, dtype=torch.bfloat16).to(torch.float8_e4m3fn)
             for _ in range(3)
         )
-        out = _out(iface.flash_attn_func(q, k, v, causal=True))
+        out = first_output(iface.flash_attn_func(q, k, v, causal=True))
         ref, _ = sdpa_reference(torch, q, k, v, True)  # on the fp8 values themselves, upcast
         err = rel_err(out, ref)
         return verdict(
@@ -137,7 +135,7 @@ def varlen(torch: Any, iface: Any) -> Result:
     for n in lens:
         starts.append(starts[-1] + n)
     cu = torch.tensor(starts, device=DEVICE, dtype=torch.int32)
-    out = _out(iface.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True))
+    out = first_output(iface.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True))
     out.backward(dout)
     refs, leaves = [], []
     for a, b in itertools.pairwise(starts):
@@ -146,18 +144,12 @@ def varlen(torch: Any, iface: Any) -> Result:
         leaves.append(leaf)
     ref = torch.cat(refs)
     ref.backward(dout.float())
-    fwd = max_abs_err(out, ref)
-    grads = {
-        name: rel_err(t.grad, torch.cat([leaf[i].grad.transpose(1, 2).squeeze(0) for leaf in leaves]))
-        for i, (name, t) in enumerate(zip(("dq", "dk", "dv"), (q, k, v), strict=True))
-    }
-    ok = fwd < FWD_MAX_ABS and all(e < GRAD_REL for e in grads.values())
+    ref_grads = [torch.cat([leaf[i].grad.transpose(1, 2).squeeze(0) for leaf in leaves]) for i in range(3)]
+    ok, figures = judge_fwd_bwd(out, ref, (q.grad, k.grad, v.grad), ref_grads)
     return verdict(
         ok,
         f"bf16, sequences of {', '.join(map(str, lens))} tokens, {heads} heads, head dim {dim}, causal: "
-        f"fwd max|err|={fwd:.1e} (tol {FWD_MAX_ABS:g}); "
-        + ", ".join(f"{n} rel={e:.1e}" for n, e in grads.items())
-        + f" (tol {GRAD_REL:g}) vs fp32 SDPA per sequence",
+        f"{figures} vs fp32 SDPA per sequence",
     )
 
 
@@ -178,7 +170,9 @@ def paged_kv(torch: Any, iface: Any) -> Result:
         used += n
     q = torch.randn((len(cached), 1, heads, dim), generator=gen, device=DEVICE, dtype=torch.bfloat16)
     seqlens = torch.tensor(cached, device=DEVICE, dtype=torch.int32)
-    out = _out(iface.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, causal=True))
+    out = first_output(
+        iface.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, causal=True)
+    )
     worst = 0.0
     for b, n in enumerate(cached):
         idx = table[b, : per_seq[b]].long()
@@ -203,7 +197,7 @@ if __name__ == "__main__":
     run_gpu("fwd-bwd-causal", case(causal=True))
     for dtype_name in ("bfloat16", "float16"):
         for d in HEAD_DIMS:
-            run_gpu(f"fwd-bwd-{'bf16' if dtype_name == 'bfloat16' else 'fp16'}-d{d}", fwd_bwd(dtype_name, d))
+            run_gpu(f"fwd-bwd-{SHORT[dtype_name]}-d{d}", fwd_bwd(dtype_name, d))
     run_gpu("fwd-d192-dv128", _guarded(fwd_hdimdiff))
     for d in HEAD_DIMS:
         run_gpu(f"fwd-e4m3-d{d}", fwd_e4m3(d))
