@@ -141,7 +141,15 @@ class WheelCached:
             return False
         try:
             _require_pins()
-            key, _ = ctx.key(ctx.package(self.package))
+            pkg = ctx.package(self.package)
+            why = ctx.skipped(pkg)
+            if why:
+                # An optional package this host cannot build: nothing to do once its action has said why (a
+                # no-op then neither runs it nor imports the build); a new reason runs it to say that one.
+                from tasks.core import notices
+
+                return notices.said(ctx.settings.builddir, _skip_key(ctx, pkg.name)) == _skip_line(ctx, pkg.name, why)
+            key, _ = ctx.key(pkg)
         except ReproError:
             return False  # the action reports the problem
         return ctx.cache.wheel_exists(key)
@@ -270,14 +278,23 @@ def _do_build(name: str) -> None:
         from tasks.engine.timeline import Outcome
 
         ctx.record(Outcome(package=name, status="skipped"))
-        hint = SKIP_HINT_NVCC if "nvcc not found" in why else ""
-        # Said once, and again when the reason changes: a no-op run does not repeat it (tasks/core/notices.py).
-        line = f"skipped {name} (optional in {ctx.lock.path.name}): {why}{hint}"
-        notices.say_once(ctx.settings.builddir, f"skipped:{ctx.lock.path.name}:{name}", line)
+        # Said once, and again when the reason changes: a no-op run does not repeat it (tasks/core/notices.py),
+        # and does not run this action once it was said (WheelCached).
+        notices.say_once(ctx.settings.builddir, _skip_key(ctx, name), _skip_line(ctx, name, why))
         return
-    notices.forget(ctx.settings.builddir, f"skipped:{ctx.lock.path.name}:{name}")
+    notices.forget(ctx.settings.builddir, _skip_key(ctx, name))
     build_package(ctx, pkg)
     _report_asked_builds(ctx)
+
+
+def _skip_key(ctx: Context, name: str) -> str:
+    return f"skipped:{ctx.lock.path.name}:{name}"
+
+
+def _skip_line(ctx: Context, name: str, why: str) -> str:
+    """What a run says of optional package ``name`` left out for ``why``."""
+    hint = SKIP_HINT_NVCC if "nvcc not found" in why else ""
+    return f"skipped {name} (optional in {ctx.lock.path.name}): {why}{hint}"
 
 
 def _report_asked_builds(ctx: Context) -> None:

@@ -40,6 +40,12 @@ def say_once(builddir: Path, key: str, message: str) -> bool:
         return True
 
 
+def said(builddir: Path, key: str) -> str | None:
+    """What was said last for ``key`` in this workspace (None: nothing, or it was forgotten)."""
+    with _lock:
+        return _read(builddir / FILE).get(key)
+
+
 def forget(builddir: Path, key: str) -> None:
     """Drop what was said for ``key``: the next message for it is printed (the condition ended)."""
     path = builddir / FILE

@@ -116,29 +116,54 @@ def _probe_memo() -> Path | None:
     return Path(CANONICAL_ROOT, f".method-{os.geteuid()}-{spaces}")
 
 
+#: The kernel's switches for unprivileged user namespaces: a "prefix-map" answer on record holds while they
+#: read as they did when it was probed (an administrator may turn them on; the namespaces stay the same).
+_USERNS_SWITCHES = ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces",
+                    "/proc/sys/kernel/apparmor_restrict_unprivileged_userns")  # fmt: skip
+
+
+def _userns_switches() -> str:
+    values = []
+    for path in _USERNS_SWITCHES:
+        try:
+            values.append(Path(path).read_text().strip())
+        except OSError:
+            values.append("-")
+    return ",".join(values)
+
+
 @functools.cache
 def method() -> Method:
-    """How builds reach the canonical path on this host (probed once per user and namespace)."""
+    """How builds reach the canonical path on this host (probed once per user and namespace).
+
+    Both answers are kept (:func:`_probe_memo`): a no-op run starts no process and, where the mount is not
+    permitted (a container without privileges), says so once, when it probes, not on every run.
+    """
     if sys.platform != "linux" or not _mountpoint(CANONICAL_ROOT):
         return "prefix-map"
     memo = _probe_memo()
+    refused = f"prefix-map {_userns_switches()}"
     try:
-        if memo is not None and memo.stat().st_uid == os.geteuid() and memo.read_text() == "mount-namespace":
-            return "mount-namespace"
+        if memo is not None and memo.stat().st_uid == os.geteuid():
+            said = memo.read_text()
+            if said == "mount-namespace":
+                return "mount-namespace"
+            if said == refused:
+                return "prefix-map"
     except OSError:
         pass
     probe = [*_unshare_prefix(), "sh", "-c", 'mount --bind "$1" "$1" && echo ok', "sh", str(CANONICAL_ROOT)]
     done = proc.query(probe, timeout=120, text=True, tolerant=True)
-    if done.returncode == 0 and done.stdout.strip() == "ok":
-        if memo is not None:
-            with contextlib.suppress(OSError):
-                write_atomic(memo, "mount-namespace")
-        return "mount-namespace"
-    warn(
-        "cannot mount the stage at a canonical path (unshare --mount is not permitted here); "
-        "building in place with -ffile-prefix-map instead, so device line info keeps the build directory"
-    )
-    return "prefix-map"
+    found: Method = "mount-namespace" if done.returncode == 0 and done.stdout.strip() == "ok" else "prefix-map"
+    if memo is not None:
+        with contextlib.suppress(OSError):
+            write_atomic(memo, "mount-namespace" if found == "mount-namespace" else refused)
+    if found == "prefix-map":
+        warn(
+            "cannot mount the stage at a canonical path (unshare --mount is not permitted here); "
+            "building in place with -ffile-prefix-map instead, so device line info keeps the build directory"
+        )
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)

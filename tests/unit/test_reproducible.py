@@ -107,6 +107,41 @@ def test_a_build_sees_its_stage_at_the_canonical_path(tmp_path: Path) -> None:
     assert place.path(stage / "sub") == "/tmp/reprostack-build/reprostack-unit-test/sub"
 
 
+def test_a_refused_mount_is_remembered_and_said_once_until_the_kernels_switches_change(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where unshare is refused (a container without privileges), a no-op neither probes again nor warns again."""
+    reproducible.method.cache_clear()
+    if reproducible._probe_memo() is None or not reproducible._mountpoint(reproducible.CANONICAL_ROOT):
+        require("no /proc/self/ns here, or /tmp/reprostack-build cannot be made")
+    memo = tmp_path / "method-memo"  # not the host's own: builds beside this test keep theirs
+    monkeypatch.setattr(reproducible, "_probe_memo", lambda: memo)
+    switch = tmp_path / "max_user_namespaces"
+    switch.write_text("0\n")
+    monkeypatch.setattr(reproducible, "_USERNS_SWITCHES", (str(switch),))
+    monkeypatch.setattr(reproducible, "_unshare_prefix", lambda: ["false", "--"])  # the probe fails, for real
+    try:
+        assert reproducible.method() == "prefix-map"
+        assert "cannot mount the stage at a canonical path" in capsys.readouterr().err
+        assert memo.read_text() == "prefix-map 0"
+        real_query = proc.query
+
+        def no_process(*args: object, **kwargs: object) -> str:
+            raise AssertionError("probed again")
+
+        monkeypatch.setattr(proc, "query", no_process)
+        reproducible.method.cache_clear()
+        assert reproducible.method() == "prefix-map"
+        assert capsys.readouterr().err == ""  # said once
+        # An administrator allows user namespaces: the switches read otherwise, so the host is probed again.
+        switch.write_text("15000\n")
+        monkeypatch.setattr(proc, "query", real_query)
+        reproducible.method.cache_clear()
+        assert reproducible.method() == "prefix-map" and memo.read_text() == "prefix-map 15000"
+    finally:
+        reproducible.method.cache_clear()
+
+
 def test_the_namespace_probe_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     """A no-op computes every key, and each key holds the method: once probed, no process is started for it."""
     reproducible.method.cache_clear()
