@@ -232,6 +232,9 @@ def assemble(ctx: Context) -> list[WheelRecord]:
                 runtime=runtime_section(ctx),
             ),
         )
+    for pkg in ctx.packages:  # a skipped optional package whose build task was up to date (its line said before)
+        if pkg.name not in ctx.outcomes and ctx.skipped(pkg):
+            ctx.record(timeline.Outcome(package=pkg.name, status="skipped"))
     timeline.report(ctx.outcomes, [p.name for p in ctx.packages], ctx.settings.builddir / "trace.json", ctx.forecast_s)
     for r in records:
         if r.origin != "fetched":

@@ -64,6 +64,9 @@ def test_host_without_nvcc_builds_the_rest(workspace: Workspace) -> None:
     assert "skipped repro_cuda" not in again.stdout + again.stderr  # said once per change, not on every no-op run
     # and not even looked at again: its build task is up to date (doit's "--"), so a no-op imports no build
     assert re.search(r"^-- build:repro_cuda$", again.stdout, re.M), again.stdout
+    (workspace.wheels / "manifest.json").unlink()  # wheels/ assembled again: its summary still says skipped
+    again = workspace.doit("wheels", "profile=quick")
+    assert re.search(r"^repro_cuda +skipped ", again.stdout, re.M), again.stdout
     expected = {"repro_pure", "repro_pybind"} if HAVE_HEADERS else {"repro_pure"}  # pybind needs Python.h
     assert set(shas(workspace)) == expected
     workspace.doit("verify", "gpu=off", "profile=quick")
