@@ -142,13 +142,12 @@ def method() -> Method:
     if sys.platform != "linux" or not _mountpoint(CANONICAL_ROOT):
         return "prefix-map"
     memo = _probe_memo()
-    refused = f"prefix-map {_userns_switches()}"
     try:
         if memo is not None and memo.stat().st_uid == os.geteuid():
             said = memo.read_text()
             if said == "mount-namespace":
-                return "mount-namespace"
-            if said == refused:
+                return "mount-namespace"  # the common case reads no switch
+            if said == f"prefix-map {_userns_switches()}":
                 return "prefix-map"
     except OSError:
         pass
@@ -157,7 +156,7 @@ def method() -> Method:
     found: Method = "mount-namespace" if done.returncode == 0 and done.stdout.strip() == "ok" else "prefix-map"
     if memo is not None:
         with contextlib.suppress(OSError):
-            write_atomic(memo, "mount-namespace" if found == "mount-namespace" else refused)
+            write_atomic(memo, "mount-namespace" if found == "mount-namespace" else f"prefix-map {_userns_switches()}")
     if found == "prefix-map":
         warn(
             "cannot mount the stage at a canonical path (unshare --mount is not permitted here); "
