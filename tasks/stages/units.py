@@ -79,6 +79,8 @@ REMOTE_RATE = 100e6
 DEFAULT_HIT_S = 0.05
 #: How many of a package's compiling units a plan names.
 NAMED = 5
+#: Why a unit compiles whose entry is not in the object cache.
+ABSENT = "not in the object cache (evicted or cleared)"
 
 
 # --------------------------------------------------------------------------- hashes
@@ -528,10 +530,22 @@ def predict(
     same_tree = records.document.get("sources") == doc.get("sources") and records.document.get("patches") == doc.get(
         "patches"
     )
+    local = ctx.cache.objects
+    # Where none of the package's entries is in the object cache (a cold build with the records of another,
+    # an emptied cache) and there is no remote to look at, every unit compiles whatever its files say: no
+    # tree is staged and no file hashed.
+    absent = (
+        remote_sizes is None
+        and any(u.outcome != "uncached" for u in records.units)
+        and not any(
+            u.outcome != "uncached" and u.manifest and u.result and objcache.entry_path(local, u.result).is_file()
+            for u in records.units
+        )
+    )
     hashes = Hashes()
     with tempfile.TemporaryDirectory(prefix="reprostack-plan-") as scratch:
         view: TreeView | str | None = None
-        if not same_tree:
+        if not same_tree and not absent:
             view = staged_view(ctx, pkg, Path(scratch))
             if isinstance(view, str):
                 notes.append(f"units not compared: {view}")
@@ -557,6 +571,9 @@ def predict(
                 calls.append(
                     UnitCall(u.name, COMPILE, cost(u, COMPILE), f"the object cache does not cache it ({u.why})", u.name)
                 )
+                continue
+            if absent and u.manifest and u.result:
+                calls.append(UnitCall(u.name, COMPILE, cost(u, COMPILE), ABSENT, u.name))
                 continue
             if isinstance(view, str) and any(not records.files[i][0].startswith("/") for i in u.inputs):
                 calls.append(UnitCall(u.name, COMPILE, cost(u, COMPILE), "its sources are not known yet", u.name))
@@ -585,7 +602,6 @@ def predict(
                 pending.append((u, HIT, ""))
 
     # The object cache: is the entry there (here, else on the remote)?
-    local = ctx.cache.objects
     missing: list[tuple[history.UnitRecord, str, str]] = []
     for u, outcome, why in pending:
         result_here = objcache.entry_path(local, u.result).is_file()
@@ -618,7 +634,7 @@ def predict(
     else:
         for u, _outcome, _why in missing:
             calls.append(
-                UnitCall(u.name, COMPILE, cost(u, COMPILE), "not in the object cache (evicted or cleared)", u.name)
+                UnitCall(u.name, COMPILE, cost(u, COMPILE), ABSENT, u.name)
             )
     known = {os.path.basename(records.files[u.inputs[0]][0]) for u in records.units if u.inputs}
     if isinstance(view, TreeView) and view.touched:

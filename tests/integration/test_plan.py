@@ -286,10 +286,9 @@ def test_a_flag_or_an_emptied_object_cache_compiles_every_unit_and_says_why(buil
     shutil.rmtree(built.cache / "objects")
     cuda = cuda_units(built)
     assert set(outcomes(cuda).values()) == {"compile"}
-    assert {u["why"] for u in cuda["units"]["list"]} == {
-        "csrc/vadd.cu changed",
-        "not in the object cache (evicted or cleared)",
-    }
+    # No entry of the package in the object cache: every unit compiles, and the plan stages no tree to say
+    # which of them changed (the cold build with another's records, issue 39's slow plan).
+    assert {u["why"] for u in cuda["units"]["list"]} == {"not in the object cache (evicted or cleared)"}
     res = built.doit("wheels", "profile=quick")
     assert object_counts(res.stdout, "repro_cuda") == (0, 3)
 
