@@ -633,9 +633,7 @@ def predict(
                 calls.append(UnitCall(u.name, REMOTE, cost(u, HIT) + fetch, "on the remote object cache"))
     else:
         for u, _outcome, _why in missing:
-            calls.append(
-                UnitCall(u.name, COMPILE, cost(u, COMPILE), ABSENT, u.name)
-            )
+            calls.append(UnitCall(u.name, COMPILE, cost(u, COMPILE), ABSENT, u.name))
     known = {os.path.basename(records.files[u.inputs[0]][0]) for u in records.units if u.inputs}
     if isinstance(view, TreeView) and view.touched:
         new = sorted(
