@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -672,12 +673,51 @@ def task_plan() -> TaskDict:
 
 class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
     """doit's console reporter, without the ``.  plan`` title when ``doit plan format=json`` prints its
-    document: stdout is then the JSON alone."""
+    document: stdout is then the JSON alone.
+
+    It also measures what a `doit wheels` took besides its tasks' actions (start-up, the lock, the keys,
+    doit's checks: a no-op's time, which `doit plan` forecasts a no-op by) and keeps it in the cache's
+    build history (tasks/store/noop.py, ``timings/noop.json``)."""
+
+    def initialize(self, tasks: Any, selected_tasks: Any) -> None:
+        super().initialize(tasks, selected_tasks)
+        self._selected = list(selected_tasks or ())
+        self._running = 0
+        self._since = 0.0
+        self._busy = 0.0  # seconds in which some task's actions ran (doit runs tasks in threads: their union)
 
     def execute_task(self, task: Any) -> None:
+        self._running = getattr(self, "_running", 0) + 1
+        if self._running == 1:
+            self._since = time.monotonic()
         if task.name == "plan" and context().settings.format == "json":
             return
         super().execute_task(task)
+
+    def _ended(self) -> None:
+        running = getattr(self, "_running", 0)
+        if running > 0:
+            self._running = running - 1
+            if self._running == 0:
+                self._busy += time.monotonic() - self._since
+
+    def add_success(self, task: Any) -> None:
+        self._ended()
+        super().add_success(task)
+
+    def add_failure(self, task: Any, fail: Any) -> None:
+        self._ended()
+        super().add_failure(task, fail)
+
+    def complete_run(self) -> None:
+        super().complete_run()
+        if "wheels" not in getattr(self, "_selected", ()) or self.failures or self.runtime_errors:
+            return
+        from tasks.core.procfs import process_seconds
+        from tasks.store import noop
+
+        ctx = context()
+        noop.record(ctx.cache.root, ctx.lock.sha256, ctx.settings.profile, process_seconds() - self._busy)
 
 
 @guarded

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.core.procfs import process_seconds
 from tasks.engine.forecast import Forecast, forecast_run, run_budget
+from tasks.store import noop as noop_record
 from tasks.store.history import Earlier, local_builds, read_json
 
 if TYPE_CHECKING:
@@ -272,6 +274,8 @@ class RunPlan:
     forecast: Forecast
     #: Seconds the plan took to re-derive the staged trees and compare the units (all packages).
     units_s: float = 0.0
+    #: Nothing to build, and the forecast is the no-op time a `doit wheels` of this lock recorded.
+    noop_recorded: bool = False
 
 
 def _source_names(ctx: Context, pkg: Package, old: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
@@ -437,11 +441,14 @@ def make_plan(ctx: Context) -> RunPlan:
             line.reuse = _units_reuse(line.units, ctx.settings.objcache)
         lines.append(line)
         building.append(pkg)
-    if not building:  # nothing to forecast: a no-op plan imports no more than a no-op `doit wheels`, and
-        # does what it does (the lock read, every key, the caches looked at): its own time so far is the no-op's
+    if not building:  # nothing to build: the no-op's time as this cache's last `doit wheels` of this lock and
+        # profile measured it (tasks/cli/graph.py's Reporter); without one, this plan's own time so far (a no-op
+        # plan imports no more than a no-op `doit wheels`, and does what it does up to doit's checks)
+        noop = noop_record.read(ctx.cache.root, ctx.lock.sha256, ctx.settings.profile)
         return RunPlan(lock=str(ctx.lock.path), profile=ctx.settings.profile, remote=ctx.settings.remote,
                     slots=ctx.settings.jobs or os.cpu_count() or 1, budget_mb=None, lines=lines,
-                    forecast=Forecast(round(process_seconds(), 2), 0.0))  # fmt: skip
+                    forecast=Forecast(round(noop if noop is not None else process_seconds(), 2), 0.0),
+                    noop_recorded=noop is not None)  # fmt: skip
     predicted = {line.package: unit_records.for_forecast(line.units) for line in lines if line.units is not None}
     forecast, where = forecast_run(ctx.cache.root, ctx.lock.patches_dir, ctx.settings, building, predicted=predicted)
     for line in lines:
@@ -555,7 +562,12 @@ def render_text(plan: RunPlan) -> str:
         total = sum(line.download_bytes or 0 for line in restored)
         out.append(f"remote: {len(restored)} wheel(s), {_bytes(total)} to download")
     if not builds:
-        out.append(f"forecast: nothing to build: {_seconds(plan.forecast.wall_s)}, what this plan took to find it out")
+        how = (
+            "what the last `doit wheels` of this lock and profile took besides its tasks"
+            if plan.noop_recorded
+            else "what this plan took to find it out"
+        )
+        out.append(f"forecast: nothing to build: {_seconds(plan.forecast.wall_s)}, {how}")
         return "\n".join(out)
     budget = f"{plan.budget_mb / 1024:.0f} GB" if plan.budget_mb is not None else "tokens only (memory=job)"
     unknown = [line.package for line in builds if line.origin != "cache"]
@@ -642,24 +654,13 @@ def to_json(plan: RunPlan) -> dict[str, Any]:
         "counts": counts,
         "download_bytes": sum(line.download_bytes or 0 for line in plan.lines if line.action == REMOTE),
         "forecast": {
-            "wall_s": round(plan.forecast.wall_s, 1),
+            "wall_s": round(plan.forecast.wall_s, 1 if builds else 2),
             "peak_mb": round(plan.forecast.peak_mb),
             "slots": plan.slots,
             "mem_budget_mb": round(plan.budget_mb) if plan.budget_mb is not None else None,
             "complete": all(line.origin == "cache" for line in builds),
             "units_known": all(line.units is not None for line in builds if line.origin == "cache"),
             "compile_s": round(sum(line.units.compile_s for line in builds if line.units is not None), 1),
+            "noop": ("recorded" if plan.noop_recorded else "this plan") if not builds else None,
         },
     }
-
-
-def process_seconds() -> float:
-    """Seconds since this process started (the interpreter's start-up included), from /proc; 0 where unknown."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as fh:
-            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime", encoding="ascii") as fh:
-            uptime = float(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))

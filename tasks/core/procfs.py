@@ -84,3 +84,15 @@ def stop(members: Callable[[], list[int]], grace: float) -> int:
         while members() and time.monotonic() < deadline:
             time.sleep(0.05)
     return len(found)
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (the interpreter's start-up included), from /proc; 0 where unknown."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))

@@ -8,6 +8,10 @@ Three records per package, each written here and read back here:
   (tasks/outside/gate.py measures, tasks/engine/jobserver.py collects; :func:`record_memory`);
 - ``timings/<package>.build.json``: the package's wall time, the part of it its compiles covered, its
   slots and its ninja log's edges (:func:`record_build`);
+- ``timings/noop.json``: what a `doit wheels` of a lock and profile took besides its tasks' actions (start-up,
+  the lock, the keys, doit's checks): the time of a run that finds nothing to do, which `doit plan`
+  forecasts from it; kept by tasks/store/noop.py, apart from this module so that a no-op, which writes it,
+  does not load this one;
 - ``timings/<package>.units.json``: what decided each compile unit's object-cache entry at the package's
   last build with the object cache: its command line, its compiler and the hash of every file it read,
   and what the object cache answered and when (:func:`record_units`, :class:`UnitRecords`; written by

@@ -88,6 +88,31 @@ def test_an_unchanged_workspace_is_up_to_date_and_nothing_is_written(built: Work
 
 
 @pytest.mark.needs_nvcc
+def test_nothing_to_build_is_forecast_by_the_no_op_the_last_run_measured(built: Workspace) -> None:
+    # The build kept what it took besides its tasks' actions, for this lock and profile.
+    record = json.loads((built.cache / "timings" / "noop.json").read_text())
+    doc = plan(built)
+    (key,) = [k for k in record if k.endswith(":quick")]
+    assert len(key.split(":")[0]) == 64  # the lock's sha256
+    assert doc["forecast"]["noop"] == "recorded"
+    assert doc["forecast"]["wall_s"] == round(record[key]["seconds"], 2) > 0
+    assert "took besides its tasks" in built.doit("plan", "profile=quick").stdout
+    # Another record there (as a slower host's): the plan says that one, not its own time.
+    record[key]["seconds"] = 7.25
+    (built.cache / "timings" / "noop.json").write_text(json.dumps(record))
+    assert plan(built)["forecast"]["wall_s"] == 7.25
+    # A no-op run measures again and keeps its own (7.25 s is more than a quarter off it).
+    built.doit("wheels", "profile=quick")
+    again = json.loads((built.cache / "timings" / "noop.json").read_text())[key]["seconds"]
+    assert 0 < again < 7.25
+    # Without a record (or with an unreadable one): the plan's own time, and it says so.
+    (built.cache / "timings" / "noop.json").write_text("{not json")
+    doc = plan(built)
+    assert doc["forecast"]["noop"] == "this plan" and doc["forecast"]["wall_s"] > 0
+    assert "what this plan took to find it out" in built.doit("plan", "profile=quick").stdout
+
+
+@pytest.mark.needs_nvcc
 def test_a_patch_edit_names_exactly_that_package_and_that_patch(built: Workspace) -> None:
     patch = built.root / "patches" / "repro_pure" / PATCH
     patch.write_text(patch.read_text().replace('+MESSAGE = "patched"', '+MESSAGE = "patched twice"'))

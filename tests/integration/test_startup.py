@@ -27,7 +27,7 @@ NOOP_MODULES = frozenset(
         "tasks.lock", "tasks.lock.keys", "tasks.lock.kinds", "tasks.lock.lockfile", "tasks.lock.schema",
         "tasks.stages", "tasks.stages.context", "tasks.stages.patch", "tasks.stages.provenance",
         "tasks.stages.wheelhouse",
-        "tasks.store", "tasks.store.cache", "tasks.store.manifest", "tasks.store.simple_index",
+        "tasks.store", "tasks.store.cache", "tasks.store.manifest", "tasks.store.noop", "tasks.store.simple_index",
         "tasks.store.wheelnorm",
     }
 )  # fmt: skip

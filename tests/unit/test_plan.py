@@ -307,7 +307,7 @@ def test_the_json_schema_is_stable() -> None:
     assert out["schema"] == SCHEMA
     assert set(out) == {"schema", "lock", "profile", "remote", "packages", "counts", "download_bytes", "forecast"}
     assert set(out["forecast"]) == {
-        "wall_s", "peak_mb", "slots", "mem_budget_mb", "complete", "units_known", "compile_s"
+        "wall_s", "peak_mb", "slots", "mem_budget_mb", "complete", "units_known", "compile_s", "noop"
     }  # fmt: skip
     te, apex = out["packages"]
     assert set(te) == {
