@@ -53,6 +53,21 @@ RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
+#: How often a node is started before the fixture gives up, and how long one ``ray start`` may take. A node's
+#: raylet gives its dashboard agent 15 s to report its port and aborts when it misses that (Ray has no setting for
+#: it); ``ray start`` then waits out its own 30 s for the raylet to join the GCS and fails with "the GCS has become
+#: overloaded". On a host whose cores are all busy the agent's Python start-up can pass 15 s: such a start is
+#: stopped (every process of its session) and made again.
+START_TRIES = 4
+START_TIMEOUT = 300
+
+#: A module that declines to import, first on the cluster's PYTHONPATH. jsonschema, which every Ray process imports,
+#: imports rfc3987_syntax where it is installed (jsonschema[format-nongpl], which the test extra's cyclonedx
+#: json-validation asks for), and that builds a Lark grammar as it loads: some 2 s of CPU, three quarters of
+#: ``import ray``, in each of a node's Python processes (its agents, log monitor, Ray workers). Without it jsonschema
+#: only lacks the "iri" format check, which Ray's schemas do not use; a node's agents start in a quarter of the time.
+SLOW_IMPORT = "rfc3987_syntax"
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -61,69 +76,82 @@ def _free_port() -> int:
 
 
 class RayCluster:
-    """A Ray head (no CPUs: it takes no compiles) and worker nodes, on this host, stopped at the end."""
+    """A Ray head (no CPUs: it takes no compiles) and worker nodes, on this host, stopped at the end. Each node is
+    started in a session of its own: the node's processes (its raylet, agents, log monitor, the Ray workers they
+    start and the compiles those run) are the members of that session."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"  # the head's GCS
-        self.client = f"ray://127.0.0.1:{_free_port()}"  # Ray Client's server on the head
-        self.temp = Path(f"/tmp/rt{os.getpid()}-{self.port}")  # Ray's sockets: a short path
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         self.env.update(RAY_ENV)
-        self._ray(
-            "start", "--head", f"--port={self.port}", "--num-cpus=0", "--node-name=head",
-            "--include-dashboard=false", f"--temp-dir={self.temp}", "--object-store-memory=100000000",
-            f"--ray-client-server-port={self.client.rsplit(':', 1)[1]}",
-        )  # fmt: skip
+        stubs = root / "python-path"
+        stubs.mkdir(exist_ok=True)
+        (stubs / f"{SLOW_IMPORT}.py").write_text('raise ImportError("left out of the test cluster (SLOW_IMPORT)")\n')
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(stubs), os.environ.get("PYTHONPATH", "")) if p)
+        self.sessions: dict[str, int] = {}  # node name -> the session its ``ray start`` began
+        failed: list[str] = []
+        for _ in range(START_TRIES):  # each try on ports of its own: a stopped head's may not be free yet
+            self.port = _free_port()
+            self.address = f"127.0.0.1:{self.port}"  # the head's GCS
+            self.client = f"ray://127.0.0.1:{_free_port()}"  # Ray Client's server on the head
+            self.temp = Path(f"/tmp/rt{os.getpid()}-{self.port}")  # Ray's sockets: a short path
+            error = self._start(
+                "head", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false",
+                f"--temp-dir={self.temp}", "--object-store-memory=100000000",
+                f"--ray-client-server-port={self.client.rsplit(':', 1)[1]}",
+            )  # fmt: skip
+            if error is None:
+                return
+            failed.append(error)
+            shutil.rmtree(self.temp, ignore_errors=True)
+        raise AssertionError(f"the head did not start in {START_TRIES} tries:\n" + "\n".join(failed))
 
-    def _ray(self, *args: str, prefix: tuple[str, ...] = ()) -> None:
-        res = subprocess.run([*prefix, str(RAY), *args], env=self.env, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, f"ray {' '.join(args)}: {res.stdout}\n{res.stderr}"
+    def _start(self, name: str, *args: str, prefix: tuple[str, ...] = ()) -> str | None:
+        """``ray start`` node ``name`` in a session of its own: None once the node has joined the cluster, else
+        what went wrong, with every process of that start stopped."""
+        command = [*prefix, str(RAY), "start", f"--node-name={name}", *args]
+        proc = subprocess.Popen(
+            command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        _t0 = time.monotonic()
+        try:
+            out, err = proc.communicate(timeout=START_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err += f"\n(killed: still running after {START_TIMEOUT} s)"
+        if os.environ.get("RT_DEBUG"):
+            with open(os.environ["RT_DEBUG"], "a") as fh:
+                fh.write(f"{time.strftime('%H:%M:%S')} {name} rc={proc.returncode} {time.monotonic() - _t0:.1f}s\n")
+                if proc.returncode:
+                    fh.write(err[-800:] + "\n")
+        if proc.returncode == 0:
+            self.sessions[name] = proc.pid
+            return None
+        _kill_session(proc.pid)
+        return f"{' '.join(command)} ({proc.returncode}):\n{out}\n{err}"
 
     def add_worker(self, name: str, cpus: int = 1, prefix: tuple[str, ...] = ()) -> None:
-        self._ray(
-            "start", f"--address={self.address}", f"--num-cpus={cpus}", f"--node-name={name}",
-            "--object-store-memory=100000000", prefix=prefix,
-        )  # fmt: skip
-
-    def node_ids(self) -> dict[str, str]:
-        code = f"import json, ray; ray.init(address={self.address!r}, logging_level=40); "
-        code += "print(json.dumps({n['NodeName']: n['NodeID'] for n in ray.nodes() if n['Alive']}))"
-        res = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, res.stderr
-        return dict(json.loads(res.stdout.strip().splitlines()[-1]))
-
-    def raylets(self) -> dict[str, int]:
-        """node ID -> the pid of its raylet (ours: started under this cluster's session directory)."""
-        found = {}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if args and args[0].endswith(b"/raylet") and any(str(self.temp).encode() in a for a in args):
-                ids = [a.split(b"=", 1)[1].decode() for a in args if a.startswith(b"--node_id=")]
-                if ids:
-                    found[ids[0]] = int(pid)
-        return found
+        """Start worker node ``name``; a start that fails is stopped and made again (see START_TRIES)."""
+        failed: list[str] = []
+        for _ in range(START_TRIES):
+            error = self._start(
+                name, f"--address={self.address}", f"--num-cpus={cpus}", "--object-store-memory=100000000",
+                prefix=prefix,
+            )  # fmt: skip
+            if error is None:
+                return
+            failed.append(error)
+        raise AssertionError(f"worker {name} did not start in {START_TRIES} tries:\n" + "\n".join(failed))
 
     def kill_node(self, name: str) -> None:
-        """Lose the node as a machine is lost: its raylet and every process under it (its Ray workers, which
-        a raylet's death alone leaves running a task already handed to them), all at once."""
-        raylet = self.raylets()[self.node_ids()[name]]
-        parents = {p.pid: p.ppid for p in procfs.processes()}
-        tree = [raylet]
-        for pid in tree:
-            tree += [child for child, parent in parents.items() if parent == pid]
-        for pid in reversed(tree):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                continue
+        """Lose the node as a machine is lost: every process of its session (its raylet, and its Ray workers,
+        which a raylet's death alone leaves running a task already handed to them), all at once."""
+        _kill_session(self.sessions[name])
 
     def stop(self) -> None:
-        """Stop this cluster's processes (not another Ray on the host): everything started under its temp dir."""
+        """Stop this cluster's processes (not another Ray on the host): its nodes' sessions and everything
+        started under its temp dir."""
         mine = str(self.temp).encode()
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -131,8 +159,35 @@ class RayCluster:
                     os.kill(int(pid), signal.SIGKILL)
             except OSError:
                 continue
+        for sid in self.sessions.values():
+            _kill_session(sid)
         time.sleep(1)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _session(sid: int) -> list[int]:
+    """The live processes of session ``sid``, a ``ray start``'s. That ``ray start`` has ended: a session whose
+    leader runs is another's, which got the number since (none, then)."""
+    members = [p for p in procfs.processes() if p.sid == sid and p.state != "Z"]
+    return [] if any(p.pid == sid for p in members) else [p.pid for p in members]
+
+
+def _kill_session(sid: int) -> None:
+    """Kill every process of session ``sid`` at once, and wait until they are gone (10 s at most). All are
+    stopped before any is killed: a Ray worker that saw its compile die first would report it failed (a busy
+    host leaves it the time to, between two kills), where a machine that is lost reports nothing."""
+    stopped: set[int] = set()
+    while more := set(_session(sid)) - stopped:  # until none is left running to start another
+        for pid in more:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= more
+    for pid in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _session(sid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _other_compiler(root: Path) -> tuple[str, ...] | None:
@@ -284,13 +339,17 @@ def _command_lines() -> dict[int, tuple[int, bytes]]:
 
 def _compiles_under_ray_workers(path: Path) -> dict[int, str]:
     """pid -> command line of the compilers a Ray worker runs for the workspace at ``path`` (the worker's
-    children: the gate's trampoline execs the compiler in place)."""
+    children: the gate's trampoline execs the compiler in place), known by their environment, the build's,
+    which names ``path`` for the compile's whole life (the command line names it only until the compiler is
+    exec'd in the stage's mount namespace: milliseconds, which a watcher on a busy host misses)."""
     running = _command_lines()
-    return {
-        pid: args.replace(b"\0", b" ").decode(errors="replace")
-        for pid, (ppid, args) in running.items()
-        if str(path).encode() in args and running.get(ppid, (0, b""))[1].startswith(b"ray::")
-    }
+    found = {}
+    for pid, (ppid, args) in running.items():
+        if running.get(ppid, (0, b""))[1].startswith(b"ray::"):
+            with contextlib.suppress(OSError):
+                if str(path).encode() in args + Path(f"/proc/{pid}/environ").read_bytes():
+                    found[pid] = args.replace(b"\0", b" ").decode(errors="replace")
+    return found
 
 
 @pytest.mark.needs_nvcc
