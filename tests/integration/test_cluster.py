@@ -113,18 +113,12 @@ class RayCluster:
         proc = subprocess.Popen(
             command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
-        _t0 = time.monotonic()
         try:
             out, err = proc.communicate(timeout=START_TIMEOUT)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
             err += f"\n(killed: still running after {START_TIMEOUT} s)"
-        if os.environ.get("RT_DEBUG"):
-            with open(os.environ["RT_DEBUG"], "a") as fh:
-                fh.write(f"{time.strftime('%H:%M:%S')} {name} rc={proc.returncode} {time.monotonic() - _t0:.1f}s\n")
-                if proc.returncode:
-                    fh.write(err[-800:] + "\n")
         if proc.returncode == 0:
             self.sessions[name] = proc.pid
             return None
