@@ -167,7 +167,7 @@ PYBIND11_MODULE(_core, m) {
 """
 
 # An operator registered with TORCH_LIBRARY and a module whose import registers it: the headers of one
-# tensor, not <torch/extension.h> (four times the compile time).
+# tensor, not <torch/extension.h> (three to five times the compile time).
 TORCHEXT_CPP = r"""
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
