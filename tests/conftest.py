@@ -7,6 +7,7 @@ would run it, through ``python -m doit -f <repo>/dodo.py``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import json
@@ -17,6 +18,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import venv
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -155,6 +157,32 @@ def lock_text_for(url: str, lock: Path = EXAMPLE_LOCK) -> str:
     return lock.read_text().replace(EXAMPLE_URL, url)
 
 
+#: The toolchain fingerprints the tool memoises in each cache (``cache/toolchain/<stamp>.json``,
+#: tasks/env/toolchain.py ``detect``), gathered from every workspace's runs in this process and given to
+#: each workspace before its runs: making one imports torch (about two CPU-seconds), and nearly every test
+#: starts with a cache of its own. The stamp is the tool's digest of the interpreter, its site directories,
+#: the tools on PATH and the steering environment, so a test that changes any of them still probes afresh
+#: (and the unit tests of tasks/env/toolchain.py probe for themselves).
+_TOOLCHAIN_MEMOS: dict[str, str] = {}
+
+
+def _seed_toolchain(cache: Path) -> None:
+    if not _TOOLCHAIN_MEMOS:
+        return
+    memo_dir = cache / "toolchain"
+    memo_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in _TOOLCHAIN_MEMOS.items():
+        if not (memo_dir / name).exists():
+            (memo_dir / name).write_text(text)
+
+
+def _gather_toolchain(cache: Path) -> None:
+    for memo in (cache / "toolchain").glob("*.json"):
+        if memo.name not in _TOOLCHAIN_MEMOS:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                _TOOLCHAIN_MEMOS[memo.name] = memo.read_text()
+
+
 @dataclass
 class Workspace:
     root: Path
@@ -191,6 +219,7 @@ class Workspace:
         ]
 
     def doit(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        _seed_toolchain(self.cache)
         res = subprocess.run(
             self.command(*args),
             env=self.env(),
@@ -200,11 +229,13 @@ class Workspace:
             stdin=subprocess.DEVNULL,
             check=False,
         )
+        _gather_toolchain(self.cache)
         if check and res.returncode != 0:
             raise AssertionError(f"doit {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
         return res
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
+        _seed_toolchain(self.cache)
         return subprocess.Popen(
             self.command(*args),
             env=self.env(),
@@ -262,9 +293,36 @@ def copy_cache(src: Path, dest: Path) -> Path:
     return dest
 
 
+_PIP_TEMPLATE: list[Path] = []
+
+
+def venv_with_pip(path: Path) -> Path:
+    """A venv as ``python -m venv`` makes it, with ensurepip's pip (and what else ensurepip installs), at
+    ``path``; its python. ensurepip installs and byte-compiles pip (about four CPU-seconds): it runs once per
+    test process, into a template, whose site-packages and bin/ scripts (their ``#!`` line made the new venv's)
+    are copied into each venv made after it."""
+    if not _PIP_TEMPLATE:
+        template = Path(tempfile.mkdtemp(prefix="reprostack-pip-venv-"))
+        atexit.register(shutil.rmtree, template, True)
+        venv.EnvBuilder(with_pip=True).create(template / "venv")
+        _PIP_TEMPLATE.append(template / "venv")
+    template = _PIP_TEMPLATE[0]
+    venv.EnvBuilder(with_pip=False).create(path)
+    site_rel = next(template.glob("lib/python3*/site-packages")).relative_to(template)
+    shutil.copytree(template / site_rel, path / site_rel, symlinks=True, dirs_exist_ok=True)
+    for script in (template / "bin").iterdir():
+        if script.is_symlink() or not script.is_file() or (path / "bin" / script.name).exists():
+            continue
+        first, sep, rest = script.read_bytes().partition(b"\n")
+        if first.startswith(b"#!") and str(template).encode() in first:
+            (path / "bin" / script.name).write_bytes(b"#!" + str(path / "bin" / "python").encode() + sep + rest)
+            (path / "bin" / script.name).chmod(0o755)
+    return path / "bin" / "python"
+
+
 def scratch_venv(path: Path) -> str:
     """A fresh venv that also sees this interpreter's packages (torch) through a .pth file."""
-    venv.EnvBuilder(with_pip=True).create(path)
+    venv_with_pip(path)
     py = path / "bin" / "python"
     purelib = subprocess.run(
         [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

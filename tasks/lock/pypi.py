@@ -69,7 +69,9 @@ _INDEXES: dict[tuple[str, ...], list[str]] = {}
 def _pip_indexes() -> list[str]:
     main = os.environ.get("PIP_INDEX_URL", "")
     extra = os.environ.get("PIP_EXTRA_INDEX_URL", "").split()
-    if not main or not extra:
+    # PIP_CONFIG_FILE=os.devnull: pip reads no configuration file, so its settings are the variables above.
+    no_files = os.environ.get("PIP_CONFIG_FILE", "") == os.devnull
+    if not no_files and (not main or not extra):
         try:
             res = proc.query(
                 [sys.executable, "-m", "pip", "config", "list"],

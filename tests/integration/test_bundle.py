@@ -8,10 +8,9 @@ import shlex
 import subprocess
 import sys
 import tarfile
-import venv
 from pathlib import Path
 
-from conftest import Workspace, copy_cache, make_workspace
+from conftest import Workspace, copy_cache, make_workspace, venv_with_pip
 from fake_wheels import publish_fake_toolchain
 from serve import FixtureServer
 
@@ -125,7 +124,7 @@ def test_bundle_unbundle_and_refusal_of_altered_bundles(quick_cache: Path, tmp_p
     assert "install the tool: python3 -m venv" in plain.stdout
     # ... and the tool installs there from the bundle's own wheels, with no index at all, and runs.
     site = tmp_path / "plain"
-    venv.EnvBuilder(with_pip=True).create(site / "venv")
+    venv_with_pip(site / "venv")
     offline = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "REPRO_"))}
     offline.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")
     install = [str(site / "venv" / "bin" / "pip"), "install", "-q", "--find-links", str(site / "tool")]

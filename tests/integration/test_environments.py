@@ -15,12 +15,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Workspace, make_workspace
+from conftest import REPO, Workspace, make_workspace, venv_with_pip
 from make_fixtures import RUNTIME_WHEELS, simple_index, write_wheel
 from serve import FixtureServer
 
@@ -72,7 +71,7 @@ def test_closure_installs_offline_and_verifies_in_isolation(workspace: Workspace
     assert origins["wheel:repro_pure-0.1.0-py3-none-any.whl"] == "built"
     # A bare host: a venv without any site-packages, no index.
     env_dir = tmp_path / "bare"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    venv_with_pip(env_dir)
     bare_env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
     subprocess.run(
         [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--no-index", "--require-hashes", "--find-links",

@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Workspace, make_workspace
+from conftest import REPO, Workspace, make_workspace, venv_with_pip
 from fake_wheels import make_wheel
 from make_fixtures import RUNTIME_WHEELS, simple_index, write_wheel
 from serve import FixtureServer
@@ -66,7 +66,7 @@ def test_the_torch_extension_pins_its_torch_and_pip_refuses_another(workspace: W
     other = f"{public}+cu999" if "+" in built_with else f"{public}+cpu"  # same public version, other label
     make_wheel(tmp_path / "torches", "torch", other, "py3-none-any", {"torch/__init__.py": b""})
     env = tmp_path / "env"
-    venv.EnvBuilder(with_pip=True).create(env)
+    venv_with_pip(env)
     python = env / "bin" / "python"
     assert _pip(python, "install", "--no-index", "--find-links", str(tmp_path / "torches"), "torch").returncode == 0
     refused = _pip(python, "install", "--no-index", "--find-links", str(links), "repro_torchext")
@@ -152,7 +152,7 @@ def _hub_index(
 
 def _base(root: Path, index: Path, *dists: str) -> Path:
     """A base interpreter (a venv with pip) holding ``dists`` (name==version), installed offline from ``index``."""
-    venv.EnvBuilder(with_pip=True).create(root)
+    venv_with_pip(root)
     python = root / "bin" / "python"
     if dists:
         res = _pip(python, "install", "--no-index", "--no-deps", "--find-links", str(index / "packages"), *dists)

@@ -15,12 +15,11 @@ import os
 import platform
 import subprocess
 import sys
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import Workspace
+from conftest import Workspace, venv_with_pip
 from fake_wheels import make_wheel, write_simple_index
 from packaging.requirements import Requirement
 from packaging.tags import parse_tag
@@ -84,7 +83,7 @@ def test_mirror_never_pins_an_altered_tool_wheel(tmp_path: Path) -> None:
     (tool / "evil-1.0-py3-none-any.whl").write_bytes(genuine.read_bytes())  # a stray wheel of no pin
 
     node = tmp_path / "node"
-    venv.EnvBuilder(with_pip=True).create(node)
+    venv_with_pip(node)
     refused = _offline_pip(node, tool)
     assert refused.returncode != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stderr, refused.stderr
     assert "doit" in refused.stderr

@@ -15,13 +15,12 @@ import shutil
 import subprocess
 import sys
 import tomllib
-import venv
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, venv_with_pip
 from serve import FixtureServer
 
 from tasks.image import selfwheels
@@ -105,7 +104,7 @@ def installed_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         (own,) = tool.glob("reprostack-*.whl")
         assert needed in zipfile.ZipFile(own).namelist()
     env_dir = root / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    venv_with_pip(env_dir)
     vpip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index"]
     _run(
         [*vpip, "--find-links", str(tool), "--require-hashes", "-r", str(tool / "requirements.txt")],
