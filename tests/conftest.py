@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -294,7 +295,13 @@ def copy_cache(src: Path, dest: Path) -> Path:
     return dest
 
 
-_PIP_TEMPLATE: list[Path] = []
+@functools.cache
+def _pip_template() -> Path:
+    """A venv made by ensurepip once per test process (removed at its exit): what venv_with_pip copies."""
+    template = Path(tempfile.mkdtemp(prefix="reprostack-pip-venv-"))
+    atexit.register(shutil.rmtree, template, True)
+    venv.EnvBuilder(with_pip=True).create(template / "venv")
+    return template / "venv"
 
 
 def venv_with_pip(path: Path) -> Path:
@@ -302,12 +309,7 @@ def venv_with_pip(path: Path) -> Path:
     ``path``; its python. ensurepip installs and byte-compiles pip (about four CPU-seconds): it runs once per
     test process, into a template, whose site-packages and bin/ scripts (their ``#!`` line made the new venv's)
     are copied into each venv made after it."""
-    if not _PIP_TEMPLATE:
-        template = Path(tempfile.mkdtemp(prefix="reprostack-pip-venv-"))
-        atexit.register(shutil.rmtree, template, True)
-        venv.EnvBuilder(with_pip=True).create(template / "venv")
-        _PIP_TEMPLATE.append(template / "venv")
-    template = _PIP_TEMPLATE[0]
+    template = _pip_template()
     venv.EnvBuilder(with_pip=False).create(path)
     site_rel = next(template.glob("lib/python3*/site-packages")).relative_to(template)
     shutil.copytree(template / site_rel, path / site_rel, symlinks=True, dirs_exist_ok=True)
@@ -323,8 +325,7 @@ def venv_with_pip(path: Path) -> Path:
 
 def scratch_venv(path: Path) -> str:
     """A fresh venv that also sees this interpreter's packages (torch) through a .pth file."""
-    venv_with_pip(path)
-    py = path / "bin" / "python"
+    py = venv_with_pip(path)
     purelib = subprocess.run(
         [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
