@@ -35,6 +35,7 @@ from doit.reporter import ConsoleReporter
 
 from tasks.cli.failures import environment_error as environment_error
 from tasks.cli.failures import guarded
+from tasks.core import replay
 from tasks.core.errors import BundleError, FetchError, LockError, ReproError
 from tasks.core.fsutil import rmtree
 from tasks.lock import kinds
@@ -687,6 +688,7 @@ class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
         self._busy = 0.0  # seconds in which some task's actions ran (doit runs tasks in threads: their union)
 
     def execute_task(self, task: Any) -> None:
+        replay.spoil()  # a task runs: not a no-op to replay (tasks/core/replay.py)
         self._running = getattr(self, "_running", 0) + 1
         if self._running == 1:
             self._since = time.monotonic()
@@ -712,12 +714,14 @@ class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
     def complete_run(self) -> None:
         super().complete_run()
         if "wheels" not in getattr(self, "_selected", ()) or self.failures or self.runtime_errors:
+            replay.spoil()
             return
         from tasks.core.procfs import process_seconds
         from tasks.store import noop
 
         ctx = context()
         noop.record(ctx.cache.root, ctx.lock.sha256, ctx.settings.profile, process_seconds() - self._busy)
+        replay.finish()  # where this run traced its reads and ran no task: the no-op's record
 
 
 @guarded

@@ -4,6 +4,8 @@ pyproject.toml installs this as ``doit`` (over doit's own script of the same nam
 ``doit.__main__:main``; both start the same ``DoitMain``). What it saves is doit's start-up cost on a
 run with nothing to do, the no-op that users run most (docs/building.md, "The no-op"):
 
+- A no-op that a record answers (tasks/core/replay.py) is answered before anything else is imported: no
+  doit, no task graph, no lock.
 - doit (0.37) reads the installed distributions' entry points once per plugin kind, three times
   before it loads ``dodo.py`` (commands, loaders, reporters): on a GPU host whose environment sees a
   torch venv's 210 distributions, about 30 ms a read. Here it reads them once.
@@ -23,12 +25,14 @@ force here.
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tasks.core.startup import fast_start
+from tasks.core import replay
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def variable_docs() -> dict[str, str]:
@@ -128,6 +132,10 @@ def _with_variables_help(main: Any) -> Any:
 
 def main() -> None:
     """The checkout's ``doit``: doit's main on ``dodo.py`` (found as doit finds it)."""
+    if replay.replay(sys.argv):  # a no-op answered from its record, without doit (tasks/core/replay.py)
+        sys.exit(0)
+    from tasks.core.startup import fast_start
+
     fast_start()
     from doit.doit_cmd import DoitMain
 
@@ -136,6 +144,12 @@ def main() -> None:
 
 def reprostack() -> None:
     """The installed ``reprostack``: doit with tasks/cli/dodo.py's graph, in the current directory."""
+    if replay.replay(sys.argv):
+        sys.exit(0)
+    import inspect
+
+    from tasks.core.startup import fast_start
+
     fast_start()
     from doit.cmd_base import NamespaceTaskLoader
     from doit.doit_cmd import DoitMain

@@ -21,7 +21,7 @@ NOOP_MODULES = frozenset(
     {
         "tasks", "tasks.cli", "tasks.cli.dodo", "tasks.cli.failures", "tasks.cli.graph",
         "tasks.core", "tasks.core.console", "tasks.core.digest", "tasks.core.errors", "tasks.core.fsutil",
-        "tasks.core.imageref", "tasks.core.members", "tasks.core.proc", "tasks.core.procfs",
+        "tasks.core.imageref", "tasks.core.members", "tasks.core.proc", "tasks.core.procfs", "tasks.core.replay",
         "tasks.core.settings", "tasks.core.startup", "tasks.core.treehash", "tasks.core.workspace",
         "tasks.env", "tasks.env.compilers", "tasks.env.reproducible", "tasks.env.toolchain",
         "tasks.lock", "tasks.lock.keys", "tasks.lock.kinds", "tasks.lock.lockfile", "tasks.lock.schema",

@@ -1,0 +1,375 @@
+"""The no-op replayed: `doit wheels` with nothing to do answers from a record, without loading doit.
+
+The no-op is the command users run most (docs/building.md, "The no-op"), and most of its time is start-up:
+Python, doit, the task graph, the lock. This module lets the commands of tasks/cli/main.py answer it from
+``.doit.db.noop`` (beside doit's database) when nothing it depends on has changed since a run that found
+everything up to date, and only then.
+
+What a run depends on is what it read, so a run that may become the record traces its reads while it runs
+(:func:`start`): the files it opens (Python's ``open`` audit events), the directories it lists, the paths it
+``os.stat``\\ s or ``os.lstat``\\ s (the up-to-date checks' existence and size checks, ``shutil.which``'s search
+of ``PATH``), doit's sqlite database, and at the end the source file of every module it imported. The record
+keeps each path's ``stat`` (mode, inode, device, size, mtime and ctime in nanoseconds: a change of content
+changes the ctime, which nothing can set back), the command line, the working directory, the interpreter and
+its path, the user, which streams are terminals and a digest of the whole environment, and what the run
+printed on stdout and stderr, in order. A later run with the same command line replays that output and exits
+0 when every one of those reads the same; otherwise it runs as before (and traces, to write a new record).
+
+What is not a file's stat is handled as what it is: a directory that the run itself wrote into (its claim in
+``build/run``, the no-op timings) is kept as its list of names without the run's own files, so that another
+run's claim there sends the next run the slow way; ``/proc/sys`` and ``/sys`` files by content; a namespace
+(``/proc/self/ns/*``) by its inode; the rest of ``/proc`` (this process's own state, uptime) is not an input.
+Files the run wrote are not inputs. A run is never recorded when it started a process, ran a task's action,
+failed, or printed more than :data:`MAX_OUTPUT` characters.
+
+A record answers only once a second run has confirmed it: the same reads, the same output, and no file among
+them modified in the :data:`RACY_SECONDS` before (a change within a file system's timestamp granularity could
+otherwise hide). A run that says a line once (a skipped optional package) prints differently the next time;
+that next run's record is the one replayed.
+
+Only the command lines of :func:`eligible` are recorded (``wheels`` with variables, no options): an option
+can move the workspace (``-d``), the database (``--db-file``) or the output. ``REPRO_NOOP_REPLAY=off``
+turns it off (the environment is part of the record's key, so it also ends any replay in force).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from typing import Any
+
+#: The record, beside doit's database (tasks/cli/dodo.py's ``dep_file``) in the directory the command runs in.
+RECORD = ".doit.db.noop"
+#: The record's format; a record of another is no record.
+FORMAT = 1
+#: Variables that change from one command to the next in the same shell without meaning anything to a run.
+VOLATILE_ENV = frozenset({"_", "OLDPWD"})
+#: A run that printed more than this is not a no-op worth keeping.
+MAX_OUTPUT = 65536
+#: A file modified this recently when a record is confirmed leaves it unconfirmed (see the module's docstring).
+RACY_SECONDS = 2.0
+#: Audit events that start another process: a run that did is not recorded (its output is not all ours).
+SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.exec", "os.fork", "os.forkpty", "os.spawn",
+                          "os.system", "os.startfile"})  # fmt: skip
+#: Audit events that write at the path of their first argument: a name comes or goes in its directory.
+NAME_EVENTS = frozenset({"os.remove", "os.rmdir", "shutil.rmtree"})
+#: ... at both their paths, source and destination.
+TWO_NAME_EVENTS = frozenset({"os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.move"})
+#: ... at their path's content or metadata, adding no name (``os.mkdir`` adds one only where there was none).
+CONTENT_EVENTS = frozenset({"os.mkdir", "os.truncate", "os.chmod", "os.chown", "os.utime"})
+#: ``os.open`` flags that write.
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+#: The functions :func:`start` puts tracing wrappers in front of, and :func:`spoil` puts back.
+_os_stat, _os_lstat = os.stat, os.lstat
+
+
+def eligible(argv: list[str]) -> bool:
+    """Whether this command line's run may be recorded and replayed: ``wheels`` (or ``run wheels``) and
+    ``name=value`` variables, nothing else."""
+    words = [a for a in argv[1:] if "=" not in a or a.startswith("-")]
+    return words in (["wheels"], ["run", "wheels"]) and os.environ.get("REPRO_NOOP_REPLAY", "") != "off"
+
+
+def _key(argv: list[str]) -> dict[str, Any]:
+    import hashlib
+
+    env = sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV)
+    return {
+        "format": FORMAT,
+        "argv": [os.path.basename(argv[0]), *argv[1:]],
+        "cwd": os.getcwd(),
+        "python": [sys.executable, sys.version, list(sys.path)],
+        "uid": os.getuid(),
+        "tty": [os.isatty(0), os.isatty(1), os.isatty(2)],
+        "env": hashlib.sha256(json.dumps(env).encode()).hexdigest(),
+    }
+
+
+def _stat(path: str, follow: bool = True) -> list[int] | None:
+    try:
+        st = _os_stat(path, follow_symlinks=follow)
+    except (OSError, ValueError):
+        return None
+    if not follow and stat.S_ISDIR(st.st_mode):  # a step of a path's resolution (``realpath``): which directory,
+        return [st.st_mode, st.st_ino, st.st_dev]  # not what it holds (its mtime moves with every file in /tmp)
+    return [st.st_mode, st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _content(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(65536)
+    except OSError:
+        return None
+
+
+def _names(path: str, own: set[str]) -> list[str] | None:
+    try:
+        return sorted(n for n in os.listdir(path) if os.path.join(path, n) not in own)
+    except OSError:
+        return None
+
+
+def _read(kind: str, path: str, own: set[str]) -> Any:
+    """What path reads as now, as an input of ``kind``: s (stat), l (lstat), c (content), n (namespace), d
+    (a directory's names, without the files in ``own``)."""
+    if kind == "s":
+        return _stat(path)
+    if kind == "l":
+        return _stat(path, follow=False)
+    if kind == "c":
+        return _content(path)
+    if kind == "n":
+        st = _stat(path)
+        return None if st is None else st[1:3]
+    return _names(path, own)
+
+
+def _kind(path: str, follow: bool) -> str | None:
+    """How a path the run read is kept (:func:`_read`), or None when it is no input."""
+    if path.startswith(("/proc/sys/", "/sys/")):
+        return "c"
+    if path.startswith("/proc/self/ns/"):
+        return "n"
+    if path == "/proc" or path.startswith("/proc/"):
+        return None  # this process's own state, the uptime: what a run reads to describe itself
+    return "s" if follow else "l"
+
+
+# --------------------------------------------------------------------------- replaying
+
+
+def replay(argv: list[str]) -> bool:
+    """Print the record's output and return True when it answers this command line; else start tracing
+    this run where it may become the record (:func:`start`) and return False."""
+    if not eligible(argv):
+        return False
+    try:
+        with open(RECORD, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = None
+    key = _key(argv)
+    if isinstance(record, dict) and record.get("key") == key and _unchanged(record):
+        if record.get("confirmed") is True:
+            for stream, text in record["output"]:
+                out = sys.stdout if stream == 1 else sys.stderr
+                out.write(text)
+                out.flush()
+            return True
+        start(key, record)  # the second run: the same again confirms it
+    else:
+        start(key, None)
+    return False
+
+
+def _unchanged(record: dict[str, Any]) -> bool:
+    try:
+        own = set(record["own"])
+        return all(_read(kind, path, own) == value for kind, path, value in record["inputs"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+# --------------------------------------------------------------------------- tracing
+
+
+class _Trace:
+    def __init__(self, key: dict[str, Any], previous: dict[str, Any] | None) -> None:
+        self.key = key
+        self.previous = previous
+        self.read: dict[str, str] = {}  # path -> kind
+        self.listed: set[str] = set()
+        self.written: set[str] = set()  # not inputs: what the run wrote
+        self.changed: set[str] = set()  # directories in which the run created, renamed or removed names
+        self.output: list[list[Any]] = []
+        self.size = 0
+
+
+_trace: _Trace | None = None
+_hooked = False
+
+
+def _path(p: Any) -> str | None:
+    if isinstance(p, int):
+        return None
+    try:
+        return os.path.abspath(os.fsdecode(p))
+    except (TypeError, ValueError):
+        return None
+
+
+def _note(path: Any, follow: bool) -> None:
+    trace = _trace
+    p = _path(path)
+    if trace is None or p is None or p in trace.read:
+        return
+    kind = _kind(p, follow)
+    if kind is not None:
+        trace.read[p] = kind
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    trace = _trace
+    if trace is None:
+        return
+    if event == "open":
+        path, mode, flags = (*args, None, None)[:3]
+        writes = (
+            any(c in mode for c in "wax+")
+            if isinstance(mode, str)
+            else isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
+        )
+        p = _path(path)
+        if p is not None:
+            if writes:
+                _wrote(trace, p)
+            else:
+                _note(p, True)
+    elif event in ("os.listdir", "os.scandir"):
+        p = _path(args[0] if args and args[0] is not None else ".")
+        if p is not None:
+            trace.listed.add(p)
+    elif event == "sqlite3.connect":
+        _note(args[0], True)
+    elif event in NAME_EVENTS or event in TWO_NAME_EVENTS or event in CONTENT_EVENTS:
+        for a in args[:2] if event in TWO_NAME_EVENTS else args[:1]:
+            p = _path(a)
+            if p is not None:
+                _wrote(trace, p, always=event not in CONTENT_EVENTS)
+    elif event in SPAWN_EVENTS:
+        spoil()
+
+
+def _wrote(trace: _Trace, path: str, always: bool = False) -> None:
+    """``path`` is written: not an input; its directory changes where a name comes or goes (an open for
+    writing or a ``mkdir`` of what exists already adds none: ``mkdir(exist_ok=True)``, a lock file)."""
+    trace.written.add(path)
+    if not always:
+        try:
+            _os_lstat(path)
+            return
+        except OSError:
+            pass
+    trace.changed.add(os.path.dirname(path))
+
+
+def _stat_traced(path: Any, *args: Any, **kwargs: Any) -> Any:
+    if kwargs.get("dir_fd") is not None:
+        spoil()  # a path relative to a directory descriptor: not one this module can read again
+    else:
+        _note(path, kwargs.get("follow_symlinks", True))
+    return _os_stat(path, *args, **kwargs)
+
+
+def _lstat_traced(path: Any, *args: Any, **kwargs: Any) -> Any:
+    if kwargs.get("dir_fd") is not None:
+        spoil()
+    else:
+        _note(path, False)
+    return _os_lstat(path, *args, **kwargs)
+
+
+class _Tee:
+    """A stream that keeps what goes through it, for the record, while the run may become one."""
+
+    def __init__(self, stream: Any, number: int) -> None:
+        self._stream = stream
+        self._number = number
+
+    def write(self, text: str) -> int:
+        trace = _trace
+        if trace is not None and text:
+            trace.size += len(text)
+            if trace.size > MAX_OUTPUT:
+                spoil()
+            elif trace.output and trace.output[-1][0] == self._number:
+                trace.output[-1][1] += text
+            else:
+                trace.output.append([self._number, text])
+        return int(self._stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
+def start(key: dict[str, Any], previous: dict[str, Any] | None) -> None:
+    """Trace this run's reads and keep its output, for :func:`finish`."""
+    global _trace, _hooked
+    if sys.stdout is None or sys.stderr is None:
+        return  # no console to replay to
+    _trace = _Trace(key, previous)
+    if not _hooked:
+        sys.addaudithook(_audit)
+        _hooked = True
+    os.stat, os.lstat = _stat_traced, _lstat_traced
+    if not isinstance(sys.stdout, _Tee):
+        sys.stdout = _Tee(sys.stdout, 1)
+    if not isinstance(sys.stderr, _Tee):
+        sys.stderr = _Tee(sys.stderr, 2)
+
+
+def _stop() -> _Trace | None:
+    global _trace
+    trace, _trace = _trace, None
+    if os.stat is _stat_traced:
+        os.stat, os.lstat = _os_stat, _os_lstat
+    return trace
+
+
+def spoil() -> None:
+    """This run is not a no-op (it runs a task, starts a process, failed): stop tracing, record nothing."""
+    _stop()
+
+
+def tracing() -> bool:
+    return _trace is not None
+
+
+def finish() -> None:
+    """At the end of a run that found everything up to date: write the record (tasks/cli/graph.py's Reporter)."""
+    import time
+
+    trace = _stop()
+    if trace is None:
+        return
+    own = trace.written | {os.path.abspath(RECORD)}
+    changed = trace.changed | {os.getcwd()}
+    inputs: dict[tuple[str, str], Any] = {}
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str):
+            trace.read.setdefault(os.path.abspath(file), "s")
+    for path, kind in trace.read.items():
+        if path not in own:
+            inputs[(("d" if path in changed else kind), path)] = None
+    for path in trace.listed:
+        inputs[(("d" if path in changed else "s"), path)] = None
+    rows = [[kind, path, _read(kind, path, own)] for kind, path in sorted(inputs)]
+    racy = time.time_ns() - int(RACY_SECONDS * 1e9)
+    fresh = any(kind in "sl" and isinstance(v, list) and len(v) > 5 and max(v[4], v[5]) > racy for kind, _, v in rows)
+    previous = trace.previous
+    confirmed = (
+        previous is not None and not fresh and previous.get("inputs") == rows and previous.get("output") == trace.output
+    )
+    doc = {"key": trace.key, "confirmed": confirmed, "own": sorted(own), "inputs": rows, "output": trace.output}
+    tmp = f"{RECORD}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, RECORD)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def forget() -> None:
+    """Remove the record (a run that changed what a no-op would print)."""
+    try:
+        os.unlink(RECORD)
+    except OSError:
+        pass
