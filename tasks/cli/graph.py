@@ -719,9 +719,12 @@ class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
         from tasks.core.procfs import process_seconds
         from tasks.store import noop
 
+        # Where this run traced its reads and ran no task: the no-op's record (tasks/core/replay.py), before the
+        # no-op's time is kept, which reads what it replaces and changes nothing a no-op prints (another
+        # workspace's no-op of the same lock in the same cache rewrites it).
+        replay.finish()
         ctx = context()
         noop.record(ctx.cache.root, ctx.lock.sha256, ctx.settings.profile, process_seconds() - self._busy)
-        replay.finish()  # where this run traced its reads and ran no task: the no-op's record
 
 
 @guarded
