@@ -16,7 +16,6 @@ import doit.plugin
 import pytest
 from conftest import require
 
-from tasks.cli import main
 from tasks.core import startup
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +26,7 @@ def test_task_creators_keep_their_order(monkeypatch: pytest.MonkeyPatch) -> None
     namespace = runpy.run_path(str(REPO / "tasks" / "cli" / "graph.py"), run_name="graph_under_test")
     monkeypatch.setattr(doit.loader, "inspect", inspect)
     before = [(name, line) for name, _, line in doit.loader._get_task_creators(namespace, [])]
-    main.fast_start()
+    startup.fast_start()
     assert doit.loader.inspect is not inspect  # doit no longer reads the creators' source
     after = [(name, line) for name, _, line in doit.loader._get_task_creators(namespace, [])]
     assert after == before and len(after) >= 10
@@ -44,7 +43,7 @@ def test_plugins_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.metadata, "entry_points", counted)
     monkeypatch.setattr(doit.loader, "inspect", inspect)  # fast_start runs again
     monkeypatch.setattr(doit.plugin, "entry_points_impl", doit.plugin.entry_points_impl)
-    main.fast_start()
+    startup.fast_start()
     for category in ("COMMAND", "LOADER", "REPORTER", "BACKEND"):
         doit.plugin.PluginDict().add_plugins({}, category)
     assert len(reads) == 1
@@ -72,7 +71,7 @@ def test_doits_plugins_are_found_as_importlib_metadata_finds_them(
     monkeypatch.setattr(sys, "path", [str(first), str(tmp_path / "missing"), str(second), *sys.path])
     monkeypatch.setattr(doit.loader, "inspect", inspect)  # fast_start runs again, its one read on this path
     monkeypatch.setattr(doit.plugin, "entry_points_impl", doit.plugin.entry_points_impl)
-    main.fast_start()
+    startup.fast_start()
     found = []
     for category in ("COMMAND", "LOADER", "REPORTER", "BACKEND"):
         group = f"doit.{category}"
