@@ -19,7 +19,8 @@ What is not a file's stat is handled as what it is: a directory that the run its
 ``build/run``, the no-op timings) is kept as its list of names without the run's own files, so that another
 run's claim there sends the next run the slow way; ``/proc/sys`` and ``/sys`` files by content; a namespace
 (``/proc/self/ns/*``) by its inode; the rest of ``/proc`` (this process's own state, uptime) is not an input.
-Files the run wrote are not inputs. A run is never recorded when it started a process, ran a task's action,
+Files the run wrote are not inputs; the lock files among them (the workspace's, doit's database's) must be
+free of other processes' locks for a replay. A run is never recorded when it started a process, ran a task's action,
 failed, or printed more than :data:`MAX_OUTPUT` characters.
 
 A record answers only once a second run has confirmed it: the same reads, the same output, and no file among
@@ -168,9 +169,28 @@ def replay(argv: list[str]) -> bool:
 def _unchanged(record: dict[str, Any]) -> bool:
     try:
         own = set(record["own"])
-        return all(_read(kind, path, own) == value for kind, path, value in record["inputs"])
+        inputs = all(_read(kind, path, own) == value for kind, path, value in record["inputs"])
     except (KeyError, TypeError, ValueError):
         return False
+    return inputs and all(_free(p) for p in own if p.endswith(".lock"))
+
+
+def _free(path: str) -> bool:
+    """Whether no process holds the lock file ``path`` (the workspace's, doit's database's: the run that wrote
+    the record took them; a run holding one now, with another ``builddir=`` too, makes this one the slow one)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True  # no lock file: nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # and with it the shared lock
 
 
 # --------------------------------------------------------------------------- tracing

@@ -33,6 +33,8 @@ else:
     os.listdir("listed")
     with open("out/written.txt", "w") as f:
         f.write("x")
+    from filelock import FileLock
+    FileLock("ws.lock").acquire()  # the workspace's lock, held for the run (tasks/core/workspace.py)
     os.listdir("out")  # a scan for other runs' claims, then this run's own, gone when it ends (build/run)
     claim = f"out/{os.getpid()}.json"
     open(claim, "w").close()
@@ -79,6 +81,14 @@ def test_a_confirmed_record_replays_what_the_run_printed(where: Path) -> None:
     assert replayed(where)
     assert replayed(where)  # and keeps doing so
     (where / "out" / "written.txt").write_text("what the run writes is no input")
+    assert replayed(where)
+
+
+def test_a_lock_the_run_took_held_by_another_process_ends_the_replay(where: Path) -> None:
+    from filelock import FileLock
+
+    with FileLock(str(where / "ws.lock")):
+        assert not replayed(where)
     assert replayed(where)
 
 
