@@ -13,6 +13,12 @@ of an earlier commit (``git worktree add DIR COMMIT``, then its quickstart)::
 ``--tasks wheels,plan`` times each of those tasks in each workspace, alternating all of them (a no-op
 `doit plan` beside a no-op `doit wheels`; labels ``NAME/TASK``).
 
+A repeated no-op `doit wheels` is replayed from its record (tasks/core/replay.py, docs/building.md "The
+no-op"): each workspace runs twice before the timed runs, the second after the record's two seconds, so that
+the timed runs are what a user's repeated no-op is. ``--off`` times each workspace a second time, alternating,
+with ``REPRO_NOOP_REPLAY=off`` (labels ``NAME/off``): the no-op without its record, the baseline, in the same
+run.
+
 ``--bytecode`` lets Python write bytecode (unsets PYTHONDONTWRITEBYTECODE, as most users' shells are);
 without it the environment is used as it is. Columns: median, minimum, the best of the first five
 runs, the 90th percentile and the maximum. A run that exits non-zero, or that builds anything (a
@@ -38,11 +44,13 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--tasks", default="wheels", help="comma-separated tasks to time in each workspace")
     ap.add_argument("--bytecode", action="store_true", help="let Python write bytecode (unset PYTHONDONTWRITEBYTECODE)")
+    ap.add_argument("--off", action="store_true", help="also time each workspace with REPRO_NOOP_REPLAY=off")
     args, extra = ap.parse_known_args()
     extra = [a for a in extra if a != "--"]
     env = dict(os.environ)
     if args.bytecode:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
+    off = {**env, "REPRO_NOOP_REPLAY": "off"}
     spaces = []
     for item in args.workspaces:
         name, _, where = item.partition("=")
@@ -54,14 +62,21 @@ def main() -> int:
         tasks = [t for t in args.tasks.split(",") if t]
         for task in tasks:
             label = f"{name}/{task}" if len(tasks) > 1 else name
-            spaces.append((label, root, [str(doit), task, *own.split(), *extra]))
-    for _name, root, cmd in spaces:  # once each first: a toolchain probe or bytecode written is not a no-op's cost
-        subprocess.run(cmd, cwd=root, env=env, capture_output=True, check=False)
-    times: dict[str, list[float]] = {name: [] for name, _, _ in spaces}
+            spaces.append((label, root, [str(doit), task, *own.split(), *extra], env))
+            if args.off:
+                spaces.append((f"{label}/off", root, [str(doit), task, *own.split(), *extra], off))
+    # Each twice first: a toolchain probe or bytecode written is not a no-op's cost, and a record is replayed
+    # once a second run has confirmed it, after its two seconds (tasks/core/replay.py).
+    for warm_up in range(2):
+        if warm_up:
+            time.sleep(2.2)
+        for _name, root, cmd, environ in spaces:
+            subprocess.run(cmd, cwd=root, env=environ, capture_output=True, check=False)
+    times: dict[str, list[float]] = {name: [] for name, _, _, _ in spaces}
     for _ in range(args.runs):
-        for name, root, cmd in spaces:
+        for name, root, cmd, environ in spaces:
             start = time.perf_counter()
-            res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=False)
+            res = subprocess.run(cmd, cwd=root, env=environ, capture_output=True, text=True, check=False)
             took = time.perf_counter() - start
             if res.returncode != 0 or any(
                 line.startswith((".  build:", ".  wheels")) for line in res.stdout.splitlines()
