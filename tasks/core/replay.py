@@ -153,7 +153,7 @@ def replay(argv: list[str]) -> bool:
     except (OSError, ValueError):
         record = None
     key = _key(argv)
-    if isinstance(record, dict) and record.get("key") == key and _unchanged(record):
+    if isinstance(record, dict) and record.get("key") == key and _printable(record) and _unchanged(record):
         if record.get("confirmed") is True:
             for stream, text in record["output"]:
                 out = sys.stdout if stream == 1 else sys.stderr
@@ -164,6 +164,13 @@ def replay(argv: list[str]) -> bool:
     else:
         start(key, None)
     return False
+
+
+def _printable(record: dict[str, Any]) -> bool:
+    output = record.get("output")
+    return isinstance(output, list) and all(
+        isinstance(x, list) and len(x) == 2 and x[0] in (1, 2) and isinstance(x[1], str) for x in output
+    )
 
 
 def _unchanged(record: dict[str, Any]) -> bool:
@@ -182,8 +189,10 @@ def _free(path: str) -> bool:
 
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    except FileNotFoundError:
         return True  # no lock file: nobody holds it
+    except OSError:
+        return False  # cannot tell
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return True

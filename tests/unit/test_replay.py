@@ -121,6 +121,17 @@ def test_each_change_to_what_the_run_read_ends_the_replay(where: Path, change: s
     assert not replayed(where, **env)
 
 
+def test_a_record_that_is_not_one_does_not_answer(where: Path) -> None:
+    import json
+
+    record = where / replay.RECORD
+    doc = json.loads(record.read_text())
+    record.write_text(json.dumps({**doc, "output": [[3, "elsewhere"]]}))
+    assert not replayed(where)
+    record.write_text(record.read_text()[:100])  # cut short
+    assert not replayed(where)
+
+
 def test_an_unconfirmed_record_does_not_answer(tmp_path: Path) -> None:
     for name in ("input.txt", "stat-only.txt"):
         (tmp_path / name).write_text("")
