@@ -209,7 +209,7 @@ class _Trace:
     def __init__(self, key: dict[str, Any], previous: dict[str, Any] | None) -> None:
         self.key = key
         self.previous = previous
-        self.read: dict[str, str] = {}  # path -> kind
+        self.read: set[tuple[str, str]] = set()  # (kind, path): a path read as a file and as a step of another's
         self.listed: set[str] = set()
         self.written: set[str] = set()  # not inputs: what the run wrote
         self.changed: set[str] = set()  # directories in which the run created, renamed or removed names
@@ -233,11 +233,11 @@ def _path(p: Any) -> str | None:
 def _note(path: Any, follow: bool) -> None:
     trace = _trace
     p = _path(path)
-    if trace is None or p is None or p in trace.read:
+    if trace is None or p is None:
         return
     kind = _kind(p, follow)
     if kind is not None:
-        trace.read[p] = kind
+        trace.read.add((kind, p))
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -353,10 +353,6 @@ def spoil() -> None:
     _stop()
 
 
-def tracing() -> bool:
-    return _trace is not None
-
-
 def finish() -> None:
     """At the end of a run that found everything up to date: write the record (tasks/cli/graph.py's Reporter)."""
     import time
@@ -370,8 +366,8 @@ def finish() -> None:
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
         if isinstance(file, str):
-            trace.read.setdefault(os.path.abspath(file), "s")
-    for path, kind in trace.read.items():
+            trace.read.add(("s", os.path.abspath(file)))
+    for kind, path in trace.read:
         if path not in own:
             inputs[(("d" if path in changed else kind), path)] = None
     for path in trace.listed:
@@ -394,11 +390,3 @@ def finish() -> None:
             os.unlink(tmp)
         except OSError:
             pass
-
-
-def forget() -> None:
-    """Remove the record (a run that changed what a no-op would print)."""
-    try:
-        os.unlink(RECORD)
-    except OSError:
-        pass
