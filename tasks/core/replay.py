@@ -19,8 +19,12 @@ What is not a file's stat is handled as what it is: a directory that the run its
 ``build/run``, the no-op timings) is kept as its list of names without the run's own files, so that another
 run's claim there sends the next run the slow way; ``/proc/sys`` and ``/sys`` files by content; a namespace
 (``/proc/self/ns/*``) by its inode; the rest of ``/proc`` (this process's own state, uptime) is not an input.
-Files the run wrote are not inputs; the lock files among them (the workspace's, doit's database's) must be
-free of other processes' locks for a replay. A run is never recorded when it started a process, ran a task's action,
+What the tracing cannot see is no input: a file C code reads other than through ``open`` (sqlite's journal
+beside doit's database), and the entries of a directory listed with ``os.scandir`` whose ``DirEntry`` stats
+are read (the listing itself is an input; the no-op's one scan, of ``build/run``, reads the entries it
+finds with ``open``). A check that comes to read either has to read it another way too. Files the run wrote
+are not inputs; the lock files among them (the workspace's, doit's database's) must be free of other
+processes' locks for a replay. A run is never recorded when it started a process, ran a task's action,
 failed, or printed more than :data:`MAX_OUTPUT` characters.
 
 A record answers only once a second run has confirmed it: the same reads, the same output, and no file among
