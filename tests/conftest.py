@@ -154,6 +154,12 @@ def server(published: Path) -> Iterator[FixtureServer]:
         yield srv
 
 
+#: The example lock's profile of its pure-Python package alone: no compiler, no nvcc, no torch.
+PURE_PROFILE = "\n[profiles.pure]\n" + "".join(
+    f"[profiles.pure.packages.{p}]\nenabled = false\n" for p in ("repro_pybind", "repro_cuda", "repro_torchext")
+)
+
+
 def lock_text_for(url: str, lock: Path = EXAMPLE_LOCK) -> str:
     return lock.read_text().replace(EXAMPLE_URL, url)
 

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Workspace, make_workspace, venv_with_pip
+from conftest import PURE_PROFILE, REPO, Workspace, make_workspace, venv_with_pip
 from make_fixtures import RUNTIME_WHEELS, simple_index, write_wheel
 from serve import FixtureServer
 
@@ -35,9 +35,7 @@ def pure_only(ws: Workspace, provided: str | None = None) -> None:
     text = ws.lock.read_text()
     if provided is not None:
         text = text.replace('provided = ["torch"]', f"provided = {provided}")
-    text += "\n[profiles.pure]\n" + "".join(
-        f"[profiles.pure.packages.{p}]\nenabled = false\n" for p in ("repro_pybind", "repro_cuda", "repro_torchext")
-    )
+    text += PURE_PROFILE
     ws.lock.write_text(text)
 
 

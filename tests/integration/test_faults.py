@@ -13,13 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Workspace, small_tmpfs
+from conftest import PURE_PROFILE, Workspace, small_tmpfs
 
 pytestmark = pytest.mark.integration
-
-PURE = "".join(
-    f"[profiles.pure.packages.{p}]\nenabled = false\n" for p in ("repro_pybind", "repro_cuda", "repro_torchext")
-)
 
 
 @pytest.fixture
@@ -41,7 +37,7 @@ def one_clear_line(res: subprocess.CompletedProcess[str], where: Path) -> None:
 
 def test_full_disk_under_wheels_leaves_no_partial_file_and_no_manifest(workspace: Workspace, full_disk: Path) -> None:
     ws = workspace
-    ws.lock.write_text(ws.lock.read_text() + "\n[profiles.pure]\n" + PURE)
+    ws.lock.write_text(ws.lock.read_text() + PURE_PROFILE)
     ws.doit("wheels", "profile=pure")  # the wheels are in the cache; only wheels/ is on the full disk
     out = full_disk / "wheels"
     res = ws.doit("wheels", "profile=pure", f"wheels={out}", check=False)
@@ -55,7 +51,7 @@ def test_full_disk_under_wheels_leaves_no_partial_file_and_no_manifest(workspace
 
 def test_full_disk_under_the_build_logs_is_one_clear_line(workspace: Workspace, full_disk: Path) -> None:
     ws = workspace
-    ws.lock.write_text(ws.lock.read_text() + "\n[profiles.pure]\n" + PURE)
+    ws.lock.write_text(ws.lock.read_text() + PURE_PROFILE)
     res = ws.doit("wheels", "profile=pure", f"builddir={full_disk / 'build'}", check=False)
     one_clear_line(res, full_disk / "build")
     assert not (ws.wheels / "manifest.json").exists()
@@ -67,7 +63,7 @@ def test_a_run_with_another_builddir_in_the_same_directory_is_refused(workspace:
     from filelock import FileLock
 
     ws = workspace
-    ws.lock.write_text(ws.lock.read_text() + "\n[profiles.pure]\n" + PURE)
+    ws.lock.write_text(ws.lock.read_text() + PURE_PROFILE)
     with FileLock(str(ws.root / ".doit.db.lock")):  # what the first run, with builddir=build, holds
         res = ws.doit("wheels", "profile=pure", f"builddir={ws.root / 'other-build'}", check=False)
     assert res.returncode == 10, res.stdout + res.stderr

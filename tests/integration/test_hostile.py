@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Workspace, make_workspace, small_tmpfs
+from conftest import PURE_PROFILE, REPO, Workspace, make_workspace, small_tmpfs
 from make_fixtures import write_wheel
 from serve import FixtureServer
 
@@ -344,13 +344,7 @@ def test_full_disk_is_one_clear_line(tmp_path: Path, server: object) -> None:
 
 def pure_only(ws: Workspace) -> None:
     """A profile of the example lock with only its pure-Python package (no compiler needed)."""
-    ws.lock.write_text(
-        ws.lock.read_text()
-        + "\n[profiles.pure]\n"
-        + "".join(
-            f"[profiles.pure.packages.{p}]\nenabled = false\n" for p in ("repro_pybind", "repro_cuda", "repro_torchext")
-        )
-    )
+    ws.lock.write_text(ws.lock.read_text() + PURE_PROFILE)
 
 
 def test_verify_names_extra_files_and_says_when_it_restored_a_wheel(workspace: Workspace) -> None:

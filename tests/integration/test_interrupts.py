@@ -18,16 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Workspace, make_workspace
+from conftest import PURE_PROFILE, Workspace, make_workspace
 
 from tasks.store.cache import temporary_dir
 
 pytestmark = pytest.mark.integration
-
-#: The example lock's pure-Python package only (no compiler), with its runtime closure.
-PURE = "\n[profiles.pure]\n" + "".join(
-    f"[profiles.pure.packages.{p}]\nenabled = false\n" for p in ("repro_pybind", "repro_cuda", "repro_torchext")
-)
 
 
 class TrickleServer:
@@ -152,7 +147,7 @@ def test_an_interrupted_closure_wheel_download_stops_cleanly(
     tmp_path: Path, trickle: TrickleServer, spawned: list[subprocess.Popen[str]], sig: signal.Signals
 ) -> None:
     ws = make_workspace(tmp_path / "ws", tmp_path / "cache", trickle.url)
-    ws.lock.write_text(ws.lock.read_text() + PURE)
+    ws.lock.write_text(ws.lock.read_text() + PURE_PROFILE)
     proc = start(ws, spawned, trickle, "wheels", "profile=pure")
     assert [n for n in temporaries(ws.cache) if n.startswith(".fetch-")], "no closure download under way"
     out = stopped_cleanly(proc, sig, ws)

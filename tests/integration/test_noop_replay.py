@@ -17,23 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FixtureServer, Workspace, make_workspace
+from conftest import PURE_PROFILE, FixtureServer, Workspace, make_workspace
 
 from tasks.core import replay
-
-PURE = """
-[profiles.pure]
-description = "The pure-Python fixture alone (tests/integration/test_noop_replay.py)."
-
-[profiles.pure.packages.repro_pybind]
-enabled = false
-
-[profiles.pure.packages.repro_cuda]
-enabled = false
-
-[profiles.pure.packages.repro_torchext]
-enabled = false
-"""
 
 ENTRY = "import sys\nfrom tasks.cli.main import reprostack\nreprostack()\n"
 
@@ -55,7 +41,7 @@ class Run:
 @pytest.fixture
 def ws(tmp_path: Path, server: FixtureServer) -> Workspace:
     ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
-    ws.lock.write_text(ws.lock.read_text() + PURE)
+    ws.lock.write_text(ws.lock.read_text() + PURE_PROFILE)
     (ws.root / "reprostack-entry.py").write_text(ENTRY)
     ws.doit("wheels", "profile=pure")
     return ws
