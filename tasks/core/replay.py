@@ -322,7 +322,8 @@ class _Tee:
                 trace.output[-1][1] += text
             else:
                 trace.output.append([self._number, text])
-        return int(self._stream.write(text))
+        self._stream.write(text)
+        return len(text)
 
     def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...
         return getattr(self._stream, name)
@@ -384,13 +385,10 @@ def finish() -> None:
         previous is not None and not fresh and previous.get("inputs") == rows and previous.get("output") == trace.output
     )
     doc = {"key": trace.key, "confirmed": confirmed, "own": sorted(own), "inputs": rows, "output": trace.output}
-    tmp = f"{RECORD}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(tmp, RECORD)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    import contextlib
+    from pathlib import Path
+
+    from tasks.core.fsutil import write_atomic
+
+    with contextlib.suppress(OSError):  # a directory the record cannot be written in: no replay, the run stands
+        write_atomic(Path(RECORD), json.dumps(doc))
