@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from tasks.core import replay
 
+TYPE_CHECKING = False  # no typing at start-up (tasks/core/replay.py)
 if TYPE_CHECKING:
     from typing import Any
 
