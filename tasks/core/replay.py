@@ -32,8 +32,8 @@ them modified in the :data:`RACY_SECONDS` before (a change within a file system'
 otherwise hide). A run that says a line once (a skipped optional package) prints differently the next time;
 that next run's record is the one replayed.
 
-Only the command lines of :func:`eligible` are recorded (``wheels`` with variables, no options): an option
-can move the workspace (``-d``), the database (``--db-file``) or the output. ``REPRO_NOOP_REPLAY=off``
+Only the command lines of :func:`eligible` are recorded (``wheels`` or no task, with variables, no options):
+an option can move the workspace (``-d``), the database (``--db-file``) or the output. ``REPRO_NOOP_REPLAY=off``
 turns it off (the environment is part of the record's key, so it also ends any replay in force).
 """
 
@@ -74,10 +74,11 @@ _os_stat, _os_lstat = os.stat, os.lstat
 
 
 def eligible(argv: list[str]) -> bool:
-    """Whether this command line's run may be recorded and replayed: ``wheels`` (or ``run wheels``) and
-    ``name=value`` variables, nothing else."""
+    """Whether this command line's run may be recorded and replayed: ``wheels``, ``run wheels``, or no task at
+    all (the graph's default task is ``wheels``: README's ``.venv/bin/doit``), with ``name=value`` variables and
+    nothing else. A run of another default task is never recorded (tasks/cli/graph.py's Reporter)."""
     words = [a for a in argv[1:] if "=" not in a or a.startswith("-")]
-    return words in (["wheels"], ["run", "wheels"]) and os.environ.get("REPRO_NOOP_REPLAY", "") != "off"
+    return words in ([], ["run"], ["wheels"], ["run", "wheels"]) and os.environ.get("REPRO_NOOP_REPLAY", "") != "off"
 
 
 def _key(argv: list[str]) -> dict[str, Any]:

@@ -147,7 +147,8 @@ def test_an_unconfirmed_record_does_not_answer(tmp_path: Path) -> None:
         (["doit", "wheels"], True),
         (["reprostack", "wheels", "profile=no-fa2", "mirror=/m"], True),
         (["doit", "run", "wheels"], True),
-        (["doit"], False),
+        (["doit"], True),  # the default task: wheels
+        (["doit", "profile=quick"], True),
         (["doit", "wheels", "verify"], False),
         (["doit", "wheels", "-n", "2"], False),
         (["doit", "--db-file=x", "wheels"], False),
