@@ -47,8 +47,8 @@ def ws(tmp_path: Path, server: FixtureServer) -> Workspace:
     return ws
 
 
-def wheels(ws: Workspace, *extra: str, env: dict[str, str] | None = None) -> Run:
-    cmd = [sys.executable, "-X", "importtime", str(ws.root / "reprostack-entry.py"), "wheels", "profile=pure",
+def wheels(ws: Workspace, *extra: str, env: dict[str, str] | None = None, task: tuple[str, ...] = ("wheels",)) -> Run:
+    cmd = [sys.executable, "-X", "importtime", str(ws.root / "reprostack-entry.py"), *task, "profile=pure",
            f"lock={ws.lock.name}", f"cache={ws.cache}", *extra]  # fmt: skip
     done = subprocess.run(
         cmd, cwd=ws.root, env=env or ws.env(), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
@@ -58,12 +58,12 @@ def wheels(ws: Workspace, *extra: str, env: dict[str, str] | None = None) -> Run
     return run
 
 
-def settle(ws: Workspace, env: dict[str, str] | None = None) -> Run:
+def settle(ws: Workspace, env: dict[str, str] | None = None, task: tuple[str, ...] = ("wheels",)) -> Run:
     """Runs until one is replayed (a record is written, then confirmed by the next run once nothing it read
     is younger than replay.RACY_SECONDS); the replayed run."""
     for _ in range(4):
         time.sleep(replay.RACY_SECONDS + 0.2)
-        run = wheels(ws, env=env)
+        run = wheels(ws, env=env, task=task)
         if run.replayed:
             return run
     raise AssertionError(f"no run was replayed:\n{run.stdout}\n{run.stderr}")
@@ -118,6 +118,10 @@ def test_a_noop_is_replayed_and_any_change_it_reads_ends_the_replay(ws: Workspac
     assert not wheels(ws, "jobs=1").replayed
     settle(ws)
     assert not wheels(ws, env={**ws.env(), "REPRO_NOOP_REPLAY": "off"}).replayed
+
+    # No task at all, README's `.venv/bin/doit`: the default task is wheels, recorded and replayed as such.
+    assert not wheels(ws, task=()).replayed  # another command line
+    assert "-- wheels" in settle(ws, task=()).stdout
 
 
 def test_a_run_that_builds_or_fails_leaves_no_record(ws: Workspace) -> None:
