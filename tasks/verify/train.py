@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import statistics
 import time
@@ -92,6 +93,8 @@ class Launch:
     log_dir: str = ""
     #: ranks that outlived torchrun, stopped afterwards: (rank, pid)
     strays: tuple[tuple[int, int], ...] = ()
+    #: ranks torchrun's log says ended badly: (local rank, exit code; negative: the signal), by torchrun_exits()
+    exits: tuple[tuple[int, int], ...] = ()
     steps: int = STEPS
     runs: tuple[str, ...] = RUNS
 
@@ -186,10 +189,20 @@ def train_rows(
         log_dir=str(session.log_dir),
         strays=tuple(strays),
         steps=steps,
+        exits=torchrun_exits(done.output),
     )
     rows = judge(preflight, records, launch)
     write_atomic(session.work_dir / "train.json", json.dumps(summary(preflight, records, launch, rows), indent=2))
     return rows
+
+
+#: torchrun's line for each rank that ended badly (torch/distributed/elastic/multiprocessing/api.py)
+_TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
+
+
+def torchrun_exits(output: str) -> tuple[tuple[int, int], ...]:
+    """The (local rank, exit code) of each rank torchrun's output says failed, in its order; () if it says none."""
+    return tuple((int(m[2]), int(m[1])) for m in _TORCHRUN_FAILED.finditer(output))
 
 
 def read_ranks(out: Path) -> dict[int, list[dict[str, Any]]]:
@@ -321,6 +334,14 @@ def _launch_problem(ranks: _Ranks, launch: Launch) -> str | None:
             f"{where}{stray}; logs: {launch.log}, {_rank_log(launch, 0)}"
         )
     not_done = [r for r in range(launch.ranks) if not ranks.of(r, "done")]
+    if launch.returncode != 0 and not not_done:
+        how = signal_text(launch.returncode)
+        died = ", ".join(f"rank {r} ({signal_text(code)}, log: {_rank_log(launch, r)})" for r, code in launch.exits)
+        return (
+            f"every rank reported done, yet torchrun ended ({how}): "
+            + (f"{died} ended badly after its last step, at its exit" if died else "torchrun's log names no rank")
+            + f"{stray}; log: {launch.log}"
+        )
     if launch.returncode != 0 or not_done:
         how = signal_text(launch.returncode) if launch.returncode else "exit status 0"
         return (

@@ -247,6 +247,26 @@ def test_ranks_that_never_started_or_ended_silently_fail_the_launch() -> None:
     assert "rank 1: never started" in detail
 
 
+def test_a_rank_that_dies_at_its_exit_after_done_is_named_with_its_signal() -> None:
+    # torchrun's own lines (torch 2.13) for a rank that aborted at exit and the one it then stopped
+    output = (
+        "W1129 12:46:45.353000 32319 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 32372 "
+        "closing signal SIGTERM\n"
+        "E1129 12:46:45.472000 32319 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) "
+        "local_rank: 1 (pid: 32373) of binary: /venv/bin/python\n"
+    )
+    exits = train.torchrun_exits(output)
+    assert exits == ((1, -6),)
+    assert train.torchrun_exits("no rank failed\n") == ()
+    detail = _rows(_records(), returncode=1, exits=exits)["train-launch"].detail
+    assert detail == (
+        "every rank reported done, yet torchrun ended (exit status 1): rank 1 (killed by signal SIGABRT, log: "
+        "/logs/train.rank1.log) ended badly after its last step, at its exit; log: train.log"
+    )
+    detail = _rows(_records(), returncode=1)["train-launch"].detail
+    assert detail.startswith("every rank reported done, yet torchrun ended (exit status 1): torchrun's log names no")
+
+
 def test_the_rows_for_a_venv_without_flash_attn_3_name_it() -> None:
     said = "import flash_attn_3.flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_3'"
     rows = {r.check: r for r in missing_rows({"flash_attn_3": {"detail": said}})}
