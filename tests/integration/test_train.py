@@ -119,6 +119,21 @@ def test_one_failed_rank_is_named_with_its_run_and_step_and_the_others_are_stopp
 
 
 @runs_torch
+def test_a_rank_that_aborts_at_its_exit_after_done_is_named_from_torchrun_s_own_words(tmp_path: Path) -> None:
+    session = make_session(tmp_path)
+    rows = by_check(
+        train_rows(session, entry=STANDIN, args=["--ranks", "2", "--abort-at-exit", "1"], steps=STEPS, timeout=600)
+    )
+    launch = rows["train-launch"]
+    assert launch.status == "FAIL"
+    assert launch.detail.startswith(
+        "every rank reported done, yet torchrun ended (exit status 1): rank 1 (killed by signal SIGABRT, log: "
+        f"{tmp_path}/logs/train.rank1.log) ended badly after its last step, at its exit"
+    ), launch.detail
+    assert_all_stopped(session, 2)
+
+
+@runs_torch
 def test_a_nan_is_named_by_rank_run_and_step(tmp_path: Path) -> None:
     session = make_session(tmp_path)
     args = ["--ranks", "2", "--nan-step", "5", "--nan-run", "bf16"]
