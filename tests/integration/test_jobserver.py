@@ -725,8 +725,11 @@ def test_a_unit_whose_peak_is_brief_is_charged_its_peak_only_around_it(tmp_path:
         start, span = float(str(found["peak_from_s"])), float(str(found["peak_for_s"]))
         assert 1.0 <= span and start + span < float(str(found["seconds"])) - 4, found
         assert 250 <= peak < 400, found
-        # Under half its peak before and after its span (a sample may catch it filling or freeing its 250 MB).
-        assert float(str(found["before_mb"])) < peak / 2 and float(str(found["after_mb"])) < peak / 2, found
+        # Under half its peak before and after its span (a sample may catch it filling or freeing its 250 MB),
+        # as the gate measured them; the record keeps whole MB, so a rounded figure may reach half of the rounded
+        # peak, plus half a MB where that is odd (seen under load: before_mb 129 of a peak of 258).
+        half = peak / 2 + 0.5
+        assert float(str(found["before_mb"])) <= half and float(str(found["after_mb"])) <= half, found
     timed = build("timed", recorded)
     assert timed[0] >= 3 and timed[1] <= 2, f"{timed}: with its peak timed, units ran four at once, two peaks"
     assert " start pkg u0.o expect=" in (tmp_path / "timed-units.log").read_text()
