@@ -19,7 +19,8 @@ these marks is refused. Placeholders are variables in capitals that a page sets 
 block is changed. Each host keeps its shell's state from block to block of a page (the directory and the
 variables), as a terminal does; every page starts afresh (the mirror host in the checkout, the node in its
 home). A command line (a line with its continuations, or a whole ``if``/``for``) that ends non-zero fails
-the walk even inside an ``a && b`` list, where ``set -e`` alone would go on.
+the walk even inside an ``a && b`` list, where ``set -e`` alone would go on; a block passes only when its shell
+ran past its last line (one that ends early, ``exit 0`` or ``exec``, fails at the line where it stopped).
 
 The node runs apart from the mirror host:
 
@@ -402,13 +403,18 @@ def script_for(units: list[Unit], state: Path, fail: Path, times: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: A block's status when its shell ended with status 0 before the walk's mark after its last line (``exit 0``,
+#: ``exec``): the lines after it never ran, and its state is not the host's for the next block.
+ENDED_EARLY = "ended early"
+
+
 @dataclass
 class Result:
     page: str
     block: int
     line: int
     role: str
-    status: str  # "0", an exit status, "not run", "skipped"
+    status: str  # "0", an exit status, ENDED_EARLY, "not run", "skipped"
     seconds: float = 0.0
     failed_line: int = 0
     command: str = ""
@@ -534,21 +540,39 @@ class Walk:
             raise
         seconds = time.monotonic() - started
         result = Result(block.page, block.number, block.line, role, str(proc.returncode), seconds)
-        result.commands = command_times(units, times, time.time())
-        if proc.returncode != 0:
-            reports = fail.read_text().splitlines() if fail.exists() else []
-            unit_no, command = 0, ""
-            if reports:
-                parts = reports[-1].split(" ", 2)
-                unit_no = int(parts[0]) if parts[0].isdigit() else 0
-                command = parts[2] if len(parts) > 2 else ""
-            if 0 < unit_no <= len(units):
-                unit = units[unit_no - 1]
-                result.failed_line, result.command = unit.line, unit.text
-                if command and not oneline(unit.text).startswith(oneline(command)):
-                    result.detail = f"the command that failed: {command}"
-            else:
-                result.detail = "before its first command (the shell's state)" if unit_no == 0 and reports else ""
+        marks = read_marks(times)
+        result.commands = command_times(units, marks, time.time())
+        # The script marks each command line as it starts and "end" after the last one: a shell that ended
+        # without that mark stopped at the last line it marked, whatever its exit status.
+        finished = bool(marks) and marks[-1][0] == "end"
+        if finished and proc.returncode == 0:
+            return result
+        if finished:
+            result.detail = "after its last line ran"
+            return result
+        if proc.returncode == 0:
+            result.status = ENDED_EARLY
+        reports = fail.read_text().splitlines() if fail.exists() else []
+        unit_no, command = 0, ""
+        if reports:
+            parts = reports[-1].split(" ", 2)
+            unit_no = int(parts[0]) if parts[0].isdigit() else 0
+            command = parts[2] if len(parts) > 2 else ""
+        reached = [int(key) for key, _ in marks if key.isdigit()]
+        stopped = reached[-1] if reached else unit_no
+        if not 0 < stopped <= len(units):
+            result.detail = "before its first command (the shell's state)"
+            return result
+        unit = units[stopped - 1]
+        result.failed_line, result.command = unit.line, unit.text
+        if result.status == ENDED_EARLY:
+            result.detail = (
+                f"line {units[stopped].line} and after never ran"
+                if stopped < len(units)
+                else "before the walk kept its state for the host's next block"
+            )
+        elif command and unit_no == stopped and not oneline(unit.text).startswith(oneline(command)):
+            result.detail = f"the command that failed: {command}"
         return result
 
     def summary(self) -> str:
@@ -567,21 +591,30 @@ class Walk:
         return "\n".join(lines) + "\n"
 
 
-def command_times(units: list[Unit], times: Path, ended: float) -> list[tuple[int, float, str]]:
-    """(line, seconds, text) of each command line that ran, from the marks the block's script wrote (a line
-    that failed lasts until the block ended)."""
-    marks: list[tuple[str, float]] = []
+def read_marks(times: Path) -> list[tuple[str, float | None]]:
+    """The marks the block's script wrote, in order: (command line's number or "end", when; None where the
+    host's clock gave no number)."""
+    marks: list[tuple[str, float | None]] = []
     for raw in times.read_text().splitlines() if times.exists() else []:
         key, _, stamp = raw.partition(" ")
         try:
             marks.append((key, float(stamp.replace(",", "."))))
         except ValueError:
-            continue
+            marks.append((key, None))
+    return marks
+
+
+def command_times(
+    units: list[Unit], marks: list[tuple[str, float | None]], ended: float
+) -> list[tuple[int, float, str]]:
+    """(line, seconds, text) of each command line that ran, from the block's timed marks (a line that failed
+    lasts until the block ended)."""
+    timed = [(key, when) for key, when in marks if when is not None]
     out = []
-    for i, (key, when) in enumerate(marks):
+    for i, (key, when) in enumerate(timed):
         if not key.isdigit() or not 0 < int(key) <= len(units):
             continue
-        until = marks[i + 1][1] if i + 1 < len(marks) else ended
+        until = timed[i + 1][1] if i + 1 < len(timed) else ended
         unit = units[int(key) - 1]
         out.append((unit.line, max(0.0, until - when), unit.text))
     return out
@@ -618,10 +651,11 @@ def uncommented(text: str) -> str:
 
 def failure_text(r: Result) -> str:
     where = f"{r.page}:{r.line} (block {r.block}, host={r.role})"
+    ended = "ended the shell (status 0)" if r.status == ENDED_EARLY else f"exited {r.status}"
     if r.failed_line:
-        text = f"FAILED at {where}, line {r.failed_line}: `{oneline(uncommented(r.command))}` exited {r.status}"
+        text = f"FAILED at {where}, line {r.failed_line}: `{oneline(uncommented(r.command))}` {ended}"
     else:
-        text = f"FAILED at {where}: exited {r.status}"
+        text = f"FAILED at {where}: {ended}"
     return text + (f"; {r.detail}" if r.detail else "")
 
 
@@ -710,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
                     if (name, b.number, role) not in ran:
                         walk.results.append(Result(name, b.number, b.line, role, "not run"))
         table = walk.summary()
-        failed = [r for r in walk.results if r.status not in ("0", "skipped", "not run")]
+        failed = [r for r in walk.results if not r.ok and r.status != "not run"]
         print()
         for fact in walk.facts:
             say(fact, log)

@@ -279,6 +279,71 @@ def test_a_failure_inside_a_command_list_stops_the_walk(tmp_path: Path) -> None:
     assert "| not-reached" not in out, out
 
 
+def walk_tiny(page: Path, tmp_path: Path) -> tuple[int, str, dict[str, Any]]:
+    """The walk of a small page on a local node: exit status, output and the JSON report."""
+    report = tmp_path / "walk.json"
+    res = subprocess.run(
+        [sys.executable, str(WALK), str(page), "--node", "local", "--scratch", str(tmp_path / "site"),
+         "--json", str(report)],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    return res.returncode, res.stdout + res.stderr, json.loads(report.read_text()) if report.is_file() else {}
+
+
+@pytest.mark.parametrize(
+    ("stop", "why"),
+    [
+        ("exit 0", "line 6 and after never ran"),
+        ("exec true", "line 6 and after never ran"),
+        ("exit 3", ""),
+    ],
+)
+def test_a_block_whose_shell_ends_early_fails_at_that_line(tmp_path: Path, stop: str, why: str) -> None:
+    """A block passes only when its shell ran past its last line: one that ends before (`exit 0`, `exec` of
+    another program, `exit 3`) fails at the line where it stopped, and the host's next block does not run."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        f"# A page\n\n```bash host=node\necho first\n{stop}\ntouch ~/ran\nfalse\n```\n\n"
+        "```bash host=node\necho second\n```\n"
+    )
+    status, out, doc = walk_tiny(page, tmp_path)
+    assert status == 1, out
+    ended = "exited 3" if stop == "exit 3" else "ended the shell (status 0)"
+    expected = f"FAILED at {page}:3 (block 1, host=node), line 5: `{stop}` {ended}" + (f"; {why}" if why else "")
+    assert doc["failures"] == [expected], out
+    assert f"docs walk: {expected}" in out
+    assert [r["status"] for r in doc["results"]] == ["3" if stop == "exit 3" else "ended early", "not run"], out
+    assert "  | first\n" in out and "  | second\n" not in out, out
+    assert not (tmp_path / "site" / "node-home" / "ran").exists()
+
+
+def test_a_block_that_ends_with_exec_of_a_login_shell_fails(tmp_path: Path) -> None:
+    """`exec "$SHELL" -l` after an install step, an install page's way, as a block's last line: the walk's shell
+    is gone before it keeps the host's state, so the block fails there."""
+    page = tmp_path / "page.md"
+    page.write_text('# A page\n\n```bash host=node\nX=1\nexec "$SHELL" -l\n```\n')
+    status, out, doc = walk_tiny(page, tmp_path)
+    assert status == 1, out
+    assert doc["failures"] == [
+        f'FAILED at {page}:3 (block 1, host=node), line 5: `exec "$SHELL" -l` ended the shell (status 0); '
+        "before the walk kept its state for the host's next block"
+    ], out
+
+
+def test_a_block_that_runs_to_its_end_passes_with_its_state(tmp_path: Path) -> None:
+    """Exits and execs that do not end the block's shell (a subshell's, another bash's) pass, and the host's next
+    block starts in the directory and with the variables the block left."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A page\n\n```bash host=node\n( exit 0 )\nbash -c 'exec true'\nmkdir -p ~/here && cd ~/here\n"
+        'X=1\n```\n\n```bash host=node\ntest "$PWD" = "$HOME/here" && test "$X" = 1\necho second\n```\n'
+    )
+    status, out, doc = walk_tiny(page, tmp_path)
+    assert status == 0, out
+    assert [r["status"] for r in doc["results"]] == ["0", "0"], out
+    assert "  | second\n" in out and "2 blocks run, 0 failed" in out, out
+
+
 def test_a_shell_block_without_its_role_is_refused(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# A page\n\n```bash\necho hello\n```\n\n```bash host=gpu\necho\n```\n")
