@@ -23,9 +23,9 @@ Checks, one line each with what was found and what is needed:
 - ``provided``: the installed distributions against the provided set the closure was resolved around: those
   the wheels need (each wheel's ``needs`` in preflight.json: what it requires of the provided set, followed
   through the provided distributions' own requirements, with the version specifiers of each requirement on
-  the way) must be installed at a version those specifiers accept (format 2, without specifiers: at their
-  captured versions); any other difference from the captured base is a note (``--strict``: every provided
-  distribution must be at its captured version).
+  the way) must be installed at a version those specifiers accept, by PEP 440 as pip check judges it (format 2,
+  without specifiers: at their captured versions); any other difference from the captured base is a note
+  (``--strict``: every provided distribution must be at its captured version).
 
 Its inputs are not trusted (docs/security.md): preflight.json must be a regular file of at most
 ``MAX_SPEC_BYTES`` of the shape :func:`check_spec` describes, and each wheel it names a plain file name of
@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
+import functools
 import json
 import os
 import platform
@@ -320,26 +322,148 @@ def probe_python(python: str, names: list[str], *, torch: bool = True) -> dict[s
     return result
 
 
-def _public(version: str) -> str:
-    return version.split("+")[0]
+# --------------------------------------------------------------------------- PEP 440 versions and specifiers
+
+_VERSION = re.compile(
+    r"v?(?:([0-9]+)!)?([0-9]+(?:\.[0-9]+)*)"  # epoch, release
+    r"(?:[-_.]?(alpha|a|beta|b|preview|pre|c|rc)[-_.]?([0-9]*))?"  # pre-release
+    r"(?:-([0-9]+)|[-_.]?(post|rev|r)[-_.]?([0-9]*))?"  # post-release
+    r"(?:[-_.]?(dev)[-_.]?([0-9]*))?"  # development release
+    r"(?:\+([a-z0-9]+(?:[-_.][a-z0-9]+)*))?",  # local label
+    re.ASCII | re.IGNORECASE,
+)
+_PRE = {"alpha": "a", "a": "a", "beta": "b", "b": "b", "preview": "rc", "pre": "rc", "c": "rc", "rc": "rc"}
+_SPECIFIER = re.compile(r"\s*(===|==|!=|~=|>=|<=|>|<)\s*(\S+)\s*")
 
 
-def _version_release(public: str) -> tuple[object, ...]:
-    """``2.11`` and ``2.11.0`` alike (PEP 440 pads the release with zeros); other forms compared as written."""
-    parts: list[object] = [int(p) if p.isdigit() else p for p in public.lower().lstrip("v").split(".")]
-    while len(parts) > 1 and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
+@functools.total_ordering
+@dataclasses.dataclass(frozen=True, eq=False)
+class Version:
+    """A PEP 440 version, normalised (``1.0-RC.2`` is 1.0rc2), equal and ordered as PEP 440 says (1.0 == 1.0.0;
+    1.0.dev1 < 1.0a1 < 1.0rc2 < 1.0 < 1.0+cpu < 1.0.post1.dev3 < 1.0.post1; a numeric local segment above a word)."""
+
+    epoch: int
+    release: tuple[int, ...]  # as written: the stem of ``~=`` is taken from it
+    pre: tuple[str, int] | None  # ("a" | "b" | "rc", its number)
+    post: int | None
+    dev: int | None
+    local: tuple[int | str, ...]  # () without a local label
+
+    @property
+    def public(self) -> Version:
+        return dataclasses.replace(self, local=())
+
+    @property
+    def is_prerelease(self) -> bool:
+        return self.pre is not None or self.dev is not None
+
+    def _key(self) -> tuple[Any, ...]:
+        release = list(self.release)
+        while len(release) > 1 and release[-1] == 0:
+            release.pop()
+        if self.pre is not None:
+            pre: tuple[int, int] = (("a", "b", "rc").index(self.pre[0]), self.pre[1])
+        else:  # 1.0.dev1 before 1.0a1; a release (and its post-releases) after its pre-releases
+            pre = (-1, 0) if self.dev is not None and self.post is None else (3, 0)
+        post = -1 if self.post is None else self.post
+        dev = (1, 0) if self.dev is None else (0, self.dev)
+        local = tuple((1, part) if isinstance(part, int) else (0, part) for part in self.local)
+        return (self.epoch, tuple(release), pre, post, dev, local)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Version) and self._key() == other._key()
+
+    def __lt__(self, other: Version) -> bool:
+        return self._key() < other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+def parse_version(text: str) -> Version | None:
+    """``text`` as a PEP 440 version (any case, a leading ``v``, the other spellings PEP 440 normalises), or None."""
+    m = _VERSION.fullmatch(text.strip())
+    if m is None:
+        return None
+    epoch, release, pre_l, pre_n, post_dash, post_l, post_n, dev_l, dev_n, local = m.groups()
+    return Version(
+        epoch=int(epoch or 0),
+        release=tuple(int(p) for p in release.split(".")),
+        pre=(_PRE[pre_l.lower()], int(pre_n or 0)) if pre_l else None,
+        post=int(post_dash) if post_dash else int(post_n or 0) if post_l else None,
+        dev=int(dev_n or 0) if dev_l else None,
+        local=tuple(int(p) if p.isdigit() else p for p in re.split("[-_.]", local.lower())) if local else (),
+    )
+
+
+def parse_specifier(text: str) -> tuple[str, str, Version | None] | None:
+    """One PEP 440 version specifier as (operator, its version as written, that version parsed: for ``==V.*`` and
+    ``!=V.*`` V, None for ``===``), or None where it is not one: ``~=`` needs two release numbers, and only ``==``
+    and ``!=`` take a local label or a ``.*`` after release numbers (what packaging, and so pip, refuses too)."""
+    m = _SPECIFIER.fullmatch(text)
+    if m is None:
+        return None
+    op, want = m.groups()
+    if op == "===":
+        return op, want, None
+    wild = op in ("==", "!=") and want.endswith(".*")
+    target = parse_version(want[:-2] if wild else want)
+    if target is None or (wild and (target.pre, target.post, target.dev, target.local) != (None, None, None, ())):
+        return None
+    if (target.local and op not in ("==", "!=")) or (op == "~=" and len(target.release) < 2):
+        return None
+    return op, want, target
+
+
+def _starts_with(have: Version, epoch: int, stem: tuple[int, ...]) -> bool:
+    """Whether ``have``'s release, padded with zeros, starts with ``stem`` (``==1.0.*``: 1, 1.0.7, 1.0rc1)."""
+    padded = have.release + (0,) * (len(stem) - len(have.release))
+    return have.epoch == epoch and padded[: len(stem)] == stem
+
+
+def satisfies(version: str, specifier: str) -> bool:
+    """Whether the installed ``version`` meets one PEP 440 specifier (``>=4.10``, ``==2.11.*``, ``~=1.4.2``,
+    ``!=3.0``), as pip check judges it: ``packaging.specifiers.Specifier(specifier).contains(version,
+    prereleases=True)``, a pre-release judged like any version (a node holds what it holds). ``~=22.0`` is
+    ``>=22.0, ==22.*``; ``<V`` takes no pre-release of V, ``>V`` no post-release or local version of V (unless V is
+    one); ``==V`` without a local label takes V's. A version that is not PEP 440 meets only ``===`` (equal as
+    written, in any case); a specifier that is not one is a ValueError (:func:`check_spec` refuses it earlier)."""
+    parsed = parse_specifier(specifier)
+    if parsed is None:
+        raise ValueError(f"{specifier!r} is not a PEP 440 version specifier")
+    op, want, target = parsed
+    if target is None:  # ===
+        return version.lower() == want.lower()
+    have = parse_version(version)
+    if have is None:
+        return False
+    if op in ("==", "!="):
+        if want.endswith(".*"):
+            same = _starts_with(have, target.epoch, target.release)
+        else:
+            same = (have if target.local else have.public) == target
+        return same == (op == "==")
+    if op == "~=":
+        return have.public >= target and _starts_with(have, target.epoch, target.release[:-1])
+    if op == ">=":
+        return have.public >= target
+    if op == "<=":
+        return have.public <= target
+    if op == "<":
+        early = dataclasses.replace(target, dev=0)  # V's earliest pre-release
+        return have < target and (target.is_prerelease or not have.is_prerelease or have < early)
+    of_target = dataclasses.replace(have, post=None, dev=None, local=()) == target  # a post-release of V
+    post = have.post is not None and target.post is None and of_target
+    return have > target and not post and not (have.local and have.public == target)
 
 
 def version_matches(installed: str, pin: str) -> bool:
-    """Whether pip takes ``installed`` for ``==pin``: a pin without a local label matches any local label of
-    its version (``==2.11.0`` takes ``2.11.0+cu130``, as pip does), one with a label only that label."""
-    have, _, have_local = installed.partition("+")
-    want, _, want_local = pin.partition("+")
-    if _version_release(have) != _version_release(want):
-        return False
-    return not want_local or have_local.lower() == want_local.lower()
+    """Whether pip takes ``installed`` for ``==pin`` (:func:`satisfies`): a pin without a local label matches any
+    local label of its version (``==2.11.0`` takes ``2.11.0+cu130``, as pip does), one with a label only that
+    label; a pin that is not a PEP 440 version matches only itself, as written."""
+    if parse_specifier("==" + pin) is None:
+        return installed.strip().lower() == pin.strip().lower()
+    return satisfies(installed, "==" + pin)
 
 
 def torch_check(pins: dict[str, str], build: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
@@ -386,6 +510,11 @@ def canonical(name: str) -> str:
 _NEED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)((?:(?:===|==|!=|~=|>=|<=|>|<)[A-Za-z0-9.*+!_-]+,?)*)$")
 
 
+def _is_need(text: str) -> bool:
+    m = _NEED.match(text)
+    return m is not None and all(parse_specifier(p) for p in m.group(2).split(",") if p)
+
+
 def needed_provided(spec: dict[str, Any]) -> dict[str, tuple[list[str], list[str] | None]]:
     """canonical name -> (the wheels that need that provided distribution, the version specifiers they need it
     at; None: at its captured version), from preflight.json's ``needs``; a format 1 description says nothing of
@@ -403,38 +532,6 @@ def needed_provided(spec: dict[str, Any]) -> dict[str, tuple[list[str], list[str
             if specifiers is not None:
                 specifiers.extend(p for p in m.group(2).split(",") if p)
     return needed
-
-
-def _release_numbers(version: str) -> tuple[int, ...]:
-    """The release numbers of a version (``2.11.0+cu130`` -> (2, 11), trailing zeros dropped); pre-, post- and
-    dev-release parts are not compared (a node holds released versions)."""
-    m = re.match(r"^v?(\d+(?:\.\d+)*)", version.strip().lower())
-    parts = [int(p) for p in m.group(1).split(".")] if m else []
-    while len(parts) > 1 and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
-
-
-def satisfies(version: str, specifier: str) -> bool:
-    """Whether ``version`` meets one PEP 440 specifier (``>=4.10``, ``==2.11.*``, ``~=1.4.2``, ``!=3.0``) by its
-    release numbers; an operator this does not know is met (pip check on the node says the rest)."""
-    m = re.match(r"^(===|==|!=|~=|>=|<=|>|<)(.+)$", specifier.strip())
-    if m is None:
-        return True
-    op, want = m.group(1), m.group(2).strip()
-    if op == "===":
-        return version == want
-    have = _release_numbers(version.split("+")[0])
-    if want.endswith(".*") and op in ("==", "!="):
-        prefix = tuple(int(p) for p in want[:-2].split(".") if p.isdigit())
-        padded = have + (0,) * max(0, len(prefix) - len(have))
-        return (padded[: len(prefix)] == prefix) == (op == "==")
-    target = _release_numbers(want.split("+")[0])
-    if op == "~=":
-        stem = _release_numbers(want)[:-1] if len(want.split(".")) > 1 else target
-        return have >= target and have[: len(stem)] == stem
-    return {"==": have == target, "!=": have != target, ">=": have >= target, "<=": have <= target,
-            ">": have > target, "<": have < target}[op]  # fmt: skip
 
 
 def _some(items: list[str], most: int = 8) -> str:
@@ -468,7 +565,7 @@ def provided_check(
         if not have:
             problem = f"{name} not installed"
         else:
-            if version and (have != version if "+" in version else _public(have) != version):
+            if version and not version_matches(have, version):
                 drift = f"{name} is {have}, not {version}"
             refused = [s for s in specifiers or [] if not satisfies(have, s)]
             if refused:
@@ -618,9 +715,10 @@ def check_spec(spec: object) -> dict[str, Any]:
         if not isinstance(wheel.get("cuda", False), bool):
             raise Unreadable(f"wheels[{i}].cuda is neither true nor false")
         needs = strings(wheel.get("needs", []), f"wheels[{i}].needs")
-        bad = [n for n in needs if not _NEED.match(n)]
+        bad = [n for n in needs if not _is_need(n)]
         if bad:
-            raise Unreadable(f"wheels[{i}].needs: {bad[0][:80]!r} is not a distribution's name with version specifiers")
+            raise Unreadable(f"wheels[{i}].needs: {bad[0][:80]!r} is not a distribution's name with PEP 440 version "
+                             "specifiers")  # fmt: skip
         checked.append({"filename": filename, "package": wheel.get("package", ""), "cuda": wheel.get("cuda", False),
                         "origin": wheel.get("origin", ""), "needs": needs})  # fmt: skip
     return {"format": int(fmt), "archs": strings(spec.get("archs", []), "archs"), "build": dict(build),

@@ -322,6 +322,8 @@ SHAPES = {
                           "is not the file name of a wheel"),
     "needs a string": ('{"format": 2, "wheels": [{"filename": "x-1-py3-none-any.whl", "needs": "torch"}]}',
                        "wheels[0].needs is not a list of strings"),
+    "a need not PEP 440": ('{"format": 3, "wheels": [{"filename": "x-1-py3-none-any.whl", "needs": ["pip~=1"]}]}',
+                           "wheels[0].needs: 'pip~=1' is not a distribution's name with PEP 440 version specifiers"),
     "provided numbers": ('{"format": 2, "provided": [1]}', "provided is not a list of strings"),
     "provided a command": ('{"format": 2, "provided": ["torch; rm -rf /"]}', "is not 'name==version' or 'name'"),
     "build a list": ('{"format": 2, "build": []}', "build is not an object"),
@@ -380,8 +382,117 @@ def test_a_fifo_or_a_device_in_the_wheelhouse_is_refused_without_reading_it(tmp_
     ("version", "specifier", "met"),
     [("4.16.0", ">=4.10.0", True), ("4.9", ">=4.10.0", False), ("2.11.0+cu130", "==2.11.0", True),
      ("2.11.1", "==2.11.*", True), ("2.12.0", "==2.11.*", False), ("1.4.5", "~=1.4.2", True), ("1.5", "~=1.4.2", False),
-     ("1.13", "<1.4", False), ("1.3.9", "<1.4", True), ("3.0", "!=3.0.0", False), ("81.0.0", "", True),
-     ("2.0", ">2", False), ("2.0.1", ">2", True), ("x", "~~1", True)],
+     ("1.13", "<1.4", False), ("1.3.9", "<1.4", True), ("3.0", "!=3.0.0", False), ("2.0", ">2", False),
+     ("2.0.1", ">2", True), ("23.2.1", "~=22.0", False), ("22.9", "~=22.0", True), ("5.3", "~=1.0", False),
+     ("23.2.1", "~=23.1.0", False), ("not-a-version", ">=0", False), ("not-a-version", "===Not-A-Version", True),
+     # PEP 440 where packaging 26.2 is not: a compatible release's stem is its release numbers however its
+     # pre-release is spelt (packaging keeps "0c1" in the stem of ~=1.0c1) or with a leading v (~=v1.4)
+     ("1.5", "~=1.0c1", True), ("1.5", "~=v1.4", True)],
 )  # fmt: skip
 def test_which_versions_a_specifier_accepts(version: str, specifier: str, met: bool) -> None:
     assert preflight.satisfies(version, specifier) is met
+
+
+#: Versions a node may hold: each operator's edges (trailing zeros, pre-, post- and dev releases of the specified
+#: version, epochs, local labels), other spellings PEP 440 normalises, and one that is not a version at all.
+VERSIONS = [
+    "0.9", "1", "1.0", "1.0.0", "1.0.1", "1.1", "1.5", "2.0", "5.3",
+    "1.0a1", "1.0rc2", "1.0.post1", "1.0.dev3", "1.0a1.post2.dev3", "1.0.post1.dev1", "1.0rc2.post1", "0.9.post1",
+    "1.0-RC.2", "1.0-1", "v1.0", "1.0alpha1", "1!1.0", "1!0.5",
+    "1.0+local.7", "1.0.post1+x", "1.0a1+x",
+    "22.0", "22.9", "23.1.0", "23.1.7", "23.2.1",
+    "2.11", "2.11.0", "2.11.0+cu130", "2.11.0+CU130", "2.11.0+cpu", "2.11.0rc1", "2.11.0.post1", "2.11.1", "2.12.0",
+    "not-a-version",
+]  # fmt: skip
+#: Every operator, at the versions above.
+SPECIFIERS = [
+    "==1.0", "==1.0.0", "==1", "==1.0a1", "==1.0rc2", "==1.0.post1", "==1.0.dev3", "==1!1.0", "==1.0+local.7",
+    "!=1.0", "!=1.0.post1", "!=1.0+local.7",
+    "==1.*", "==1.0.*", "==1.0.0.*", "!=1.*", "!=2.*", "==1!1.*", "==0.*",
+    "~=1.0", "~=1.0.0", "~=1.1", "~=1.0a1", "~=1.0.post1", "~=1.0.dev3", "~=22.0", "~=23.1.0", "~=1!1.0",
+    ">=1.0", ">=1.0a1", ">=1.0.dev3", ">=1!0", "<=1.0", "<=1.0a1", "<=1.0.post1",
+    ">1.0", ">1.0.post1", ">1.0a1", ">1.0.dev3", ">0.9", ">1!0.9",
+    "<1.0", "<1.0rc2", "<1.0.post1", "<1.0.dev3", "<1.1", "<1!1.0",
+    "==2.11.0", "==2.11", "==2.11.0+cu130", "==2.11.0+cpu", "!=2.11.0", "==2.11.*", "!=2.11.*", ">=2.11", "<=2.11.0",
+    ">2.11.0", "<2.11.0", "<2.11.1", ">2.11", "~=2.11.0", "~=2.11",
+    "===1.0", "===v1.0", "===2.11.0+cu130", "===not-a-version",
+]  # fmt: skip
+
+
+def test_satisfies_judges_as_packaging_does() -> None:
+    """Every pair of a version a node may hold and a specifier is judged as pip check judges it: as
+    ``packaging.specifiers.Specifier(specifier).contains(version, prereleases=True)`` (issue 55: ~=22.0 took 23.2.1).
+    """
+    from packaging.specifiers import Specifier
+
+    pairs = [(v, s) for s in SPECIFIERS for v in VERSIONS]
+    wrong = []
+    for version, specifier in pairs:
+        expected = Specifier(specifier).contains(version, prereleases=True)
+        if preflight.satisfies(version, specifier) is not expected:
+            wrong.append(f"{version} {specifier}: packaging says {expected}")
+    assert not wrong, f"{len(wrong)} of {len(pairs)} pairs judged otherwise:\n" + "\n".join(wrong)
+
+
+def test_versions_are_ordered_as_packaging_orders_them() -> None:
+    from packaging.version import Version
+
+    valid = [v for v in VERSIONS if v != "not-a-version"]
+    assert sorted(valid, key=preflight.parse_version) == sorted(valid, key=Version)
+    assert preflight.parse_version("not-a-version") is None
+
+
+def test_version_matches_is_pips_double_equals() -> None:
+    """The ``==pin`` rule (torch, captured versions) is PEP 440's: ``2.11.0`` takes ``2.11.0+cu130``, ``2.11`` is
+    ``2.11.0``, ``2.11.0-RC1`` is ``2.11.0rc1``, a label is one label."""
+    from packaging.specifiers import Specifier
+
+    pins = ["2.11.0", "2.11", "2.11.0+cu130", "2.11.0+CPU", "2.11.0rc1", "2.11.0.post1", "1!2.11.0", "2.11.*"]
+    installed = ["2.11.0", "2.11", "2.11.0.0", "2.11.0+cu130", "2.11.0+cpu", "2.11.0-RC1", "2.11.0rc1+cu130",
+                 "2.11.0-1", "v2.11.0", "1!2.11.0", "2.11.1", "2.10.0+cu130"]  # fmt: skip
+    pairs = [(have, pin) for pin in pins for have in installed]
+    wrong = []
+    for have, pin in pairs:
+        if preflight.version_matches(have, pin) is not Specifier("==" + pin).contains(have, prereleases=True):
+            wrong.append((have, pin))
+    assert not wrong, f"{len(wrong)} of {len(pairs)} (installed, pin) pairs judged otherwise than packaging: {wrong}"
+    assert preflight.version_matches("2.11.0_custom", "2.11.0_custom")  # not PEP 440: equal as written only
+    assert not preflight.version_matches("2.11.0", "2.11.0_custom")
+
+
+@pytest.mark.parametrize(
+    "specifier", ["~=1", ">=1.0+cu130", "<1.*", "==1.0a1.*", "==1.*.*", "~=1.0+x", "=>1.0", "1.0", "==", "<>1", ""]
+)
+def test_a_specifier_that_is_not_pep_440_is_refused_as_packaging_refuses_it(specifier: str) -> None:
+    from packaging.specifiers import InvalidSpecifier, Specifier
+
+    with pytest.raises(InvalidSpecifier):
+        Specifier(specifier)
+    assert preflight.parse_specifier(specifier) is None
+    with pytest.raises(ValueError, match="is not a PEP 440 version specifier"):
+        preflight.satisfies("1.0", specifier)
+    if not specifier or specifier[0] not in "=!~<>":
+        return  # "pip1.0" and "pip" are names
+    spec = {"format": 3, "wheels": [{"filename": "x-1-py3-none-any.whl", "needs": [f"pip{specifier}"]}]}
+    with pytest.raises(preflight.Unreadable, match="is not a distribution's name with PEP 440 version specifiers"):
+        preflight.check_spec(spec)
+
+
+def test_a_compatible_release_refuses_the_next_major_on_the_node() -> None:
+    """Issue 55: a wheelhouse needing pip~=22.0 passed a node holding pip 23.2.1. ~=22.0 is >=22.0, ==22.*."""
+    needed = {"pip": (["ext-0.1.0-py3-none-any.whl"], ["~=22.0"])}
+    node = {"version": [3, 12, 3], "dists": {"pip": "23.2.1"}}
+    result = preflight.provided_check(["pip==22.3.1"], node, needed)
+    assert result["status"] == "FAIL", result
+    assert result["detail"].startswith("pip is 23.2.1, not ~=22.0 (needed by ext-0.1.0-py3-none-any.whl)"), result
+    node["dists"] = {"pip": "22.9"}
+    result = preflight.provided_check(["pip==22.3.1"], node, needed)
+    assert result["status"] == "PASS" and "note: 1 other difference" in result["detail"], result
+
+
+def test_the_shipped_checker_refuses_a_node_outside_a_compatible_release(tmp_path: Path) -> None:
+    wheels = house(tmp_path, wheels=[("pure", "py3-none-any", False)], archs=[], provided=["pip==22.3.1"],
+                   needs=("pip~=22.0",))  # fmt: skip
+    code, out, doc = run(wheels, target(tmp_path / "node", torch=None, dists={"pip": "23.2.1"}), None)
+    assert code == 21 and status(doc, "provided") == "FAIL" and "this node can take the wheels" not in out, out
+    assert "-- pip is 23.2.1, not ~=22.0 (needed by pure-0.1.0-py3-none-any.whl)" in line(out, "provided"), out
