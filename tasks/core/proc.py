@@ -17,7 +17,6 @@ standard library alone start processes themselves (tests/unit/test_one_way_out.p
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import os
 import re
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, overload
 
-from tasks.core import workspace
+from tasks.core import procfs, workspace
 from tasks.core.errors import Interrupted, ReproError
 
 TAIL_LINES = 40
@@ -109,69 +108,151 @@ def _relay_stop_signals() -> None:
 
 
 def install_interrupt_handler() -> None:
-    """Make Ctrl-C (and TERM) stop every running command's process group, from any thread.
+    """Make Ctrl-C (and TERM, HUP) stop every running command's process group, from any thread.
 
-    Builds run in doit's worker threads, where Python never delivers
-    KeyboardInterrupt; this handler (installed from the main thread) stops
-    their process groups. When it stopped any, the threads that ran them fail
-    their tasks the normal way (log marked, temporary files removed) and doit
-    ends on that failure; no new command starts. Otherwise, or on a second
-    signal, or FORCE_EXIT_AFTER seconds later, the interrupt proceeds as before.
+    Builds run in doit's worker threads, where Python never delivers KeyboardInterrupt; this handler
+    (installed from the main thread, before doit's runner starts) sends TERM to their process groups at
+    once and leaves a thread to KILL what is still there 2 s later. The threads that ran them fail their
+    tasks the normal way (log marked, temporary files removed) and doit ends on that failure; no new
+    command starts. A second signal, FORCE_EXIT_AFTER seconds later, or a first one that finds nothing to
+    wait for ends the process at once (:func:`_exit_now`). No signal raises KeyboardInterrupt or SystemExit
+    into the thread it lands in: in doit's runner that was a traceback, with its threads cut off in the
+    middle of their clean-up.
     """
     if threading.current_thread() is not threading.main_thread():
         return
     _relay_stop_signals()
     # SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM: builds are not left running.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        previous = signal.getsignal(sig)
-        if getattr(previous, "_repro_handler", False):
-            continue
+        if not getattr(signal.getsignal(sig), "_repro_handler", False):
+            signal.signal(sig, _handler)
 
-        def handler(signum: int, frame: object, previous: object = previous) -> None:
-            first = not _interrupted.is_set()
-            if first:
-                _stop_signal.append(signum)
-            _interrupted.set()
-            with _live_lock:
-                running = list(_live)
-                starting = _starting  # in this (the main) thread: it stops its command itself once started
-                ended = _ended_interrupted
-                work = list(_work.values())
-            for p in running:
-                stop_group(p, grace=2.0, reap=False)
-            for _thread_id, stop in work:
-                if stop is not None:
-                    with contextlib.suppress(OSError):
-                        stop()
-            if first and (running or starting or ended or work):
-                # Let the threads that ran them see their commands fail: they mark their
-                # logs and remove their temporary files, and doit stops for the failure.
-                # Raising here instead would end the process under them (doit's threads
-                # are daemons). A second signal, or the timer, exits at once.
-                commands = len(running) + starting + ended
-                downloads = len({thread_id for thread_id, _stop in work})  # a fetch and its download: one
-                stopped = " and ".join(
-                    [f"{commands} running command(s)"] * bool(commands or not downloads)
-                    + [f"{downloads} download(s)"] * bool(downloads)
-                )
-                with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
-                    sys.stderr.write(
-                        f"\ninterrupted: stopped {stopped}, cleaning up"
-                        f" (signal again to exit now; forced in {FORCE_EXIT_AFTER:.0f} s)\n"
-                    )
-                timer = threading.Timer(FORCE_EXIT_AFTER, _thread.interrupt_main, args=(signum,))
-                timer.daemon = True
-                timer.start()
-                return
-            if callable(previous):
-                previous(signum, frame)
-            elif signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            else:
-                raise SystemExit(128 + signum)
 
-        handler._repro_handler = True  # type: ignore[attr-defined]
-        signal.signal(sig, handler)
+#: Stop signals not yet handled, in order, and whether the handler is handling one: Python runs a handler
+#: again, nested, when a signal comes while it runs (a second Ctrl-C 0.1 s after the first); the nested call
+#: leaves it to the outer one, which takes the signals in turn.
+_queued: list[int] = []
+_handling: list[bool] = []
+#: Whether the first signal's ``interrupted:`` line was written (the run writes one).
+_said: list[bool] = []
+#: Held by whoever ends the process at once (a signal, or the timer), until it ends.
+_exiting = threading.Lock()
+#: Seconds the at-once ending waits for the killed commands to be gone, and then for the temporary trees
+#: to be removed; what is not removed by then stays in the run record, and the next run removes it.
+KILL_WAIT = 2.0
+REMOVE_WITHIN = 3.0
+
+
+def _handler(signum: int, frame: object) -> None:
+    _queued.append(signum)
+    if _handling:
+        return  # nested in the handling of an earlier signal, which takes this one next
+    _handling.append(True)
+    try:
+        while _queued:
+            _stop(_queued.pop(0))
+    finally:
+        _handling.clear()
+
+
+_handler._repro_handler = True  # type: ignore[attr-defined]
+
+
+def _say(text: str) -> None:
+    """``text`` on standard error in one write to its descriptor: the handler may run on top of a thread
+    holding the console's lock (tasks/core/console.py), and after SIGHUP the terminal may be gone."""
+    with contextlib.suppress(OSError):
+        os.write(2, text.encode())
+
+
+def _stop(signum: int) -> None:
+    """One stop signal: the first stops what runs and lets it clean up; the next ends the process at once."""
+    if _interrupted.is_set():
+        _exit_now("second signal")
+        return  # the timer is ending it
+    _stop_signal.append(signum)
+    _interrupted.set()
+    with _live_lock:
+        running = list(_live)
+        starting = _starting  # in this (the main) thread: it stops its command itself once started
+        ended = _ended_interrupted
+        work = list(_work.values())
+    for p in running:
+        if not _ended(p):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
+    for _thread_id, stop in work:
+        if stop is not None:
+            with contextlib.suppress(OSError):
+                stop()
+    if not (running or starting or ended or work):
+        _exit_now("")  # nothing to let clean up
+        return
+    if running:  # KILL what TERM left, without holding up the thread the handler runs in
+        threading.Thread(target=_stop_groups, args=(running,), name="stop-commands", daemon=True).start()
+    # Let the threads that ran them see their commands fail: they mark their logs and remove their
+    # temporary files, and doit stops for the failure. A second signal, or the timer, exits at once.
+    commands = len(running) + starting + ended
+    downloads = len({thread_id for thread_id, _stop in work})  # a fetch and its download: one
+    stopped = " and ".join(
+        [f"{commands} running command(s)"] * bool(commands or not downloads)
+        + [f"{downloads} download(s)"] * bool(downloads)
+    )
+    _say(
+        f"\ninterrupted: stopped {stopped}, cleaning up"
+        f" (signal again to exit now; forced in {FORCE_EXIT_AFTER:.0f} s)\n"
+    )
+    _said.append(True)
+    timer = threading.Timer(FORCE_EXIT_AFTER, _exit_now, args=(f"no exit {FORCE_EXIT_AFTER:.0f} s after the signal",))
+    timer.daemon = True
+    timer.start()
+
+
+def _stop_groups(running: list[subprocess.Popen[Any]]) -> None:
+    for p in running:
+        stop_group(p, grace=2.0, reap=False)
+
+
+def _exit_now(why: str) -> None:
+    """End the process at once, with the first signal's status (130 for Ctrl-C): KILL every command's
+    session, remove the temporary trees the run record lists (build/stage's, the cache's; tasks/core/workspace.py
+    ``abandon``), one line, ``os._exit``. The threads still cleaning up are cut off where they are: what
+    they had not removed is removed here, or, past REMOVE_WITHIN seconds, by the next run. Returns only when
+    the other caller (the timer, a signal) is ending the process already."""
+    if not _exiting.acquire(blocking=False):
+        return
+    status = 128 + (stop_signal() or signal.SIGINT)
+    # Kept until the process ends: no command starts after this (each starts under it). A thread starting
+    # one holds it for the fork; the thread this runs on top of may hold it (reentrant).
+    _live_lock.acquire(timeout=2.0)
+    sessions = {p.pid for p in list(_live)}
+    gone = _kill_sessions(sessions)
+    removed, left = workspace.abandon(stopped=gone, within=REMOVE_WITHIN)
+    done = [f"killed {len(sessions)} command(s)"] if sessions else []
+    if removed:
+        done.append(f"removed {removed} temporary tree(s)")
+    if left:
+        done.append(f"left {left} temporary tree(s) for the next run to remove")
+    text = f"exiting now ({why})" if _said else "\ninterrupted: exiting now"
+    for stream in (sys.__stdout__, sys.__stderr__):  # what was written before this, first
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
+    _say(f"{text}{': ' if done else ''}{', '.join(done)}\n")
+    os._exit(status)
+
+
+def _kill_sessions(sessions: set[int]) -> set[int]:
+    """KILL every process of the commands' sessions (each runs in its own); those found gone within KILL_WAIT."""
+    deadline = time.monotonic() + KILL_WAIT
+    while True:
+        alive = [p for p in procfs.processes() if p.sid in sessions and p.state != "Z"]
+        for p in alive:  # again on each look: a process its parent forked since
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p.pid, signal.SIGKILL)
+        if not alive or time.monotonic() >= deadline:
+            return sessions - {p.sid for p in alive}
+        time.sleep(0.02)
 
 
 def stop_signal() -> int | None:

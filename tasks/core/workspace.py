@@ -11,7 +11,9 @@ While it runs, ``<builddir>/run/<pid>.json`` lists the sessions of the commands 
 build runs in a session of its own: tasks/core/proc.py) and the temporary trees it is writing. A run that
 ended without cleaning up (SIGKILL, a crash, a closed terminal on an old version) leaves that file
 behind; the next run that takes the lock stops what is left of those sessions (TERM, then KILL) and
-removes those trees, and says so in one line.
+removes those trees, and says so in one line. A run that ends at once (a second Ctrl-C,
+tasks/core/proc.py) removes its listed trees itself first (:func:`abandon`) and leaves the file only for
+what it could not remove or stop.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import shlex
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +110,34 @@ class Registry:
                 paths.remove(str(path.absolute()))
             self._write()
 
+    def abandon(self, stopped: Collection[int], within: float) -> tuple[int, int]:
+        """See :func:`abandon`."""
+        from tasks.core.fsutil import rmtree
+
+        # Kept until the process ends: no thread writes the record after this. Where the thread this runs
+        # on top of holds it (a signal's handler), the record is this one's to write all the same.
+        self._lock.acquire(timeout=1.0)
+        paths = [Path(p) for p in self._doc["paths"]]
+
+        def remove() -> None:
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    rmtree(path)
+
+        remover = threading.Thread(target=remove, name="remove-trees", daemon=True)
+        remover.start()
+        remover.join(within)
+        # Looked at last: a thread still copying a tree may have made part of it again.
+        self._doc["paths"] = [str(p) for p in paths if os.path.lexists(p)]
+        for pid in stopped:
+            self._doc["sessions"].pop(str(pid), None)
+        with contextlib.suppress(OSError):
+            if self._doc["paths"] or self._doc["sessions"]:
+                self._write()
+            else:
+                self.path.unlink()
+        return len(paths) - len(self._doc["paths"]), len(self._doc["paths"])
+
     def close(self) -> None:
         """At exit: the record goes, unless it still lists trees or sessions (a stop signal ended the
         process under a thread that was writing one): the next run then removes them."""
@@ -128,6 +159,16 @@ def session(pid: int, live: bool) -> None:
 def tree(path: Path, live: bool) -> None:
     if current is not None:
         current.tree(path, live)
+
+
+def abandon(stopped: Collection[int], within: float) -> tuple[int, int]:
+    """The end of a run that exits at once (tasks/core/proc.py): remove the temporary trees its record lists
+    (the builds' stages, the cache's temporaries) for at most ``within`` seconds, forget the sessions
+    ``stopped`` (killed, and gone), and drop the record, or keep in it what is left for the next run to stop
+    and remove. How many trees were removed, and how many were left."""
+    if current is None:
+        return 0, 0
+    return current.abandon(stopped, within)
 
 
 def claim(builddir: Path, argv: list[str]) -> str:

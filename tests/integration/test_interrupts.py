@@ -3,14 +3,18 @@ files, a real `doit` run stopped by a real SIGTERM or SIGINT in the middle of a 
 killed outright (SIGKILL) whose temporary tree the next run removes.
 
 An interrupted download stops as an interrupted build does: one `interrupted: stopped …` line, the
-task's own line, the signal's status (128 + its number), no traceback, nothing left in the cache.
+task's own line, the signal's status (128 + its number), no traceback, nothing left in the cache. A second
+Ctrl-C during a build (issue 55, item 3) ends the run at once, as cleanly: status 130, still one
+`interrupted:` line, no traceback, no staged tree or cache temporary left.
 """
 
 from __future__ import annotations
 
 import http.server
+import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -192,3 +196,126 @@ def test_what_a_killed_download_left_is_removed_by_the_next_run_but_a_live_runs_
     assert "removed 1 temporary tree(s) that interrupted runs left in the cache" in out, out
     assert live.returncode == 128 + signal.SIGTERM, out
     assert temporaries(cache) == []
+
+
+def interrupted_twice(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C, and a second one 0.1 s later (a user pressing it twice); the run's output, once it ended."""
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert len([line for line in out.splitlines() if line.startswith("interrupted:")]) == 1, out
+    return out
+
+
+def trees(cache: Path) -> list[str]:
+    """The cache's temporary trees (:func:`temporaries` without the free locks the next run sweeps)."""
+    return [n for n in temporaries(cache) if not n.endswith(".lock")]
+
+
+@pytest.mark.needs_headers
+def test_a_second_ctrl_c_during_a_build_ends_the_run_at_once(
+    workspace: Workspace, spawned: list[subprocess.Popen[str]]
+) -> None:
+    """Two Ctrl-C 0.1 s apart while a compiler runs (issue 55, item 3): exit 130, one `interrupted:` line,
+    no traceback (the second raised KeyboardInterrupt into doit's runner, waiting on its result queue), and
+    nothing staged or partial left behind, nor a record for the next run."""
+    ws = workspace
+
+    def compiling() -> bool:
+        """A compiler of the run: its environment names this workspace's cache (REPRO_WAIT_LOG)."""
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if f"REPRO_WAIT_LOG={ws.cache}".encode() in environ.read_bytes():
+                    if b"cc1plus" in (environ.parent / "cmdline").read_bytes():
+                        return True
+            except OSError:
+                continue
+        return False
+
+    proc = ws.popen("wheels")
+    spawned.append(proc)
+    deadline = time.monotonic() + 300
+    while not compiling():
+        assert proc.poll() is None, f"the run ended before a compiler ran: {proc.communicate()[0]}"
+        assert time.monotonic() < deadline, "no compiler ever ran"
+        time.sleep(0.05)
+    stage = ws.root / "build" / "stage"
+    assert any(stage.iterdir()), "no tree staged"
+    out = interrupted_twice(proc)
+    assert not stage.exists() or list(stage.iterdir()) == [], out
+    assert trees(ws.cache) == [], out
+    assert not ws.wheels.exists(), out
+    assert list((ws.root / "build" / "run").glob("*.json")) == [], out  # ended whole: nothing for the next run
+    res = ws.doit("fetch:repro-pure")  # the next run: nothing of this one to clean up, and its locks swept
+    assert "cleaned up after an earlier run" not in res.stderr, res.stderr
+    assert temporaries(ws.cache) == []
+
+
+#: A doit-like run whose build's clean-up is slow (a large tree on a loaded host): its workspace claimed, a
+#: staged tree and a cache temporary recorded, the command run in a worker thread, the main thread waiting
+#: on a queue as doit's runner does.
+SLOW_CLEAN_UP = """
+import os, queue, sys, threading, time
+from pathlib import Path
+from tasks.core import proc, workspace
+from tasks.core.errors import ReproError
+from tasks.core.fsutil import rmtree
+from tasks.store.cache import Cache
+
+root = Path(sys.argv[1])
+workspace.claim(root / "build", ["wheels"])
+proc.install_interrupt_handler()
+done = queue.Queue()
+
+def build():
+    stage = root / "build" / "stage" / "pkg-0123456789ab"
+    workspace.tree(stage, live=True)
+    try:
+        with Cache(root / "cache").staging("out-pkg") as out:
+            (stage / "src").mkdir(parents=True)
+            (stage / "src" / "pkg.cpp").write_text("int pkg;")
+            (out / "pkg-0.1-cp311-linux_x86_64.whl").write_bytes(b"PK")  # half written
+            try:
+                proc.run(["bash", "-c", "echo started; sleep 300"], env=dict(os.environ), log=root / "build.log")
+            except ReproError:
+                time.sleep(120)
+    finally:
+        rmtree(stage)
+        workspace.tree(stage, live=False)
+    done.put(1)
+
+threading.Thread(target=build, daemon=True).start()
+done.get()
+sys.exit(1)
+"""
+
+
+def test_a_second_ctrl_c_removes_what_a_slow_clean_up_had_not(
+    tmp_path: Path, spawned: list[subprocess.Popen[str]]
+) -> None:
+    """The second Ctrl-C comes while the build's thread is still cleaning up: the at-once ending removes its
+    staged tree and its cache temporary itself, and drops the run record."""
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CLEAN_UP, str(tmp_path)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    spawned.append(proc)
+    log = tmp_path / "build.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "started" in log.read_text().splitlines()):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+    out = interrupted_twice(proc)
+    assert "exiting now (second signal): removed 2 temporary tree(s)" in out, out
+    assert list((tmp_path / "build" / "stage").iterdir()) == [], out
+    assert trees(tmp_path / "cache") == [], out
+    assert list((tmp_path / "build" / "run").glob("*.json")) == [], out
