@@ -718,12 +718,13 @@ class Reporter(ConsoleReporter):  # type: ignore[misc]  # doit has no type hints
             return
         from tasks.core.procfs import process_seconds
         from tasks.store import noop
+        from tasks.store.manifest import MANIFEST_FILE
 
         # Where this run traced its reads and ran no task: the no-op's record (tasks/core/replay.py), before the
         # no-op's time is kept, which reads what it replaces and changes nothing a no-op prints (another
         # workspace's no-op of the same lock in the same cache rewrites it).
-        replay.finish()
         ctx = context()
+        replay.finish(str(ctx.settings.lock), str(ctx.settings.wheels / MANIFEST_FILE))
         noop.record(ctx.cache.root, ctx.lock.sha256, ctx.settings.profile, process_seconds() - self._busy)
 
 

@@ -7,17 +7,18 @@ everything up to date, and only then.
 
 What a run depends on is what it read, so a run that may become the record traces its reads while it runs
 (:func:`start`): the files it opens (Python's ``open`` audit events), the directories it lists, the paths it
-``os.stat``\\ s or ``os.lstat``\\ s (the up-to-date checks' existence and size checks, ``shutil.which``'s search
-of ``PATH``), doit's sqlite database, and at the end the source file of every module it imported. The record
-keeps each path's ``stat`` (mode, inode, device, size, mtime and ctime in nanoseconds: a change of content
-changes the ctime, which nothing can set back), the command line, the working directory, the interpreter and
-its path, the user, which streams are terminals and a digest of the whole environment, and what the run
-printed on stdout and stderr, in order. A later run with the same command line replays that output and exits
-0 when every one of those reads the same; otherwise it runs as before (and traces, to write a new record).
+``os.stat``\\ s or ``os.lstat``\\ s (the up-to-date checks' existence and size checks, ``shutil.which``'s search of
+``PATH``), doit's sqlite database, and at the end the source file of every module it imported. The record keeps
+each file's ``stat`` (mode, inode, device, size, mtime and ctime in nanoseconds: a change of content changes the
+ctime, which nothing can set back), each directory's mode and names, the command line, the working directory, the
+interpreter and its path, the user, which streams are terminals and a digest of the whole environment, and what the
+run printed on stdout and stderr, in order. A later run with the same command line replays that output and exits 0
+when every one of those reads the same; otherwise it runs as before (and traces, to write a new record).
 
-What is not a file's stat is handled as what it is: a directory that the run itself wrote into (its claim in
-``build/run``, the no-op timings) is kept as its list of names without the run's own files, so that another
-run's claim there sends the next run the slow way; ``/proc/sys`` and ``/sys`` files by content; a namespace
+What is not a file's stat is handled as what it is: a directory is kept as its names (another process's
+temporary file that came and went beside it moves its mtime, not what the run saw), without the run's own
+files where the run itself wrote into it (its claim in ``build/run``), so that another run's claim there sends
+the next run the slow way; ``/proc/sys`` and ``/sys`` files by content; a namespace
 (``/proc/self/ns/*``) by its inode; the rest of ``/proc`` (this process's own state, uptime) is not an input.
 What the tracing cannot see is no input: a file C code reads other than through ``open`` (sqlite's journal
 beside doit's database), and the entries of a directory listed with ``os.scandir`` whose ``DirEntry`` stats
@@ -31,6 +32,11 @@ A record answers only once a second run has confirmed it: the same reads, the sa
 them modified in the :data:`RACY_SECONDS` before (a change within a file system's timestamp granularity could
 otherwise hide). A run that says a line once (a skipped optional package) prints differently the next time;
 that next run's record is the one replayed.
+
+A record is used only where it holds up (:func:`_holds`): each field of its type, each path absolute and of
+its kind, and the lock and wheelhouse manifest it was made from among its inputs; it is read only as a
+regular file, and so is every file it names by content (a fifo or a device is no file). Anything else is no
+record: the run takes the long way.
 
 Only the command lines of :func:`eligible` are recorded (``wheels`` or no task, with variables, no options):
 an option can move the workspace (``-d``), the database (``--db-file``) or the output. ``REPRO_NOOP_REPLAY=off``
@@ -51,7 +57,9 @@ if TYPE_CHECKING:
 #: The record, beside doit's database (tasks/cli/dodo.py's ``dep_file``) in the directory the command runs in.
 RECORD = ".doit.db.noop"
 #: The record's format; a record of another is no record.
-FORMAT = 1
+FORMAT = 2
+#: A record larger than this is no record (one of the stack's no-ops is about 100 KB).
+MAX_RECORD = 16 << 20
 #: Variables that change from one command to the next in the same shell without meaning anything to a run.
 VOLATILE_ENV = frozenset({"_", "OLDPWD"})
 #: A run that printed more than this is not a no-op worth keeping.
@@ -106,24 +114,46 @@ def _stat(path: str, follow: bool = True) -> list[int] | None:
     return [st.st_mode, st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def _content(path: str) -> str | None:
+def _regular(path: str, limit: int) -> bytes | None:
+    """The bytes of the regular file ``path`` (at most ``limit``), or None: opened without blocking and without
+    following a last link, so a fifo, a device or a link put in a file's place is read as no file."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(65536)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(limit)
     except OSError:
         return None
+    finally:
+        os.close(fd)
 
 
-def _names(path: str, own: set[str]) -> list[str] | None:
+def _content(path: str) -> str | None:
+    data = _regular(path, 65536)
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def _names(path: str, own: set[str]) -> list[Any] | None:
+    """A directory as its mode and its names (without the files in ``own``): what a run that listed it, or
+    looked at it to know whether it changed (importlib's caches of ``sys.path`` keyed by its mtime), saw.
+    Its mtime moves with any name that comes and goes, such as another process's temporary file in a
+    checkout on ``sys.path``; the names are what the run's answer depends on."""
     try:
-        return sorted(n for n in os.listdir(path) if os.path.join(path, n) not in own)
-    except OSError:
+        st = _os_stat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        return [st.st_mode, sorted(n for n in os.listdir(path) if os.path.join(path, n) not in own)]
+    except (OSError, ValueError):
         return None
 
 
 def _read(kind: str, path: str, own: set[str]) -> Any:
     """What path reads as now, as an input of ``kind``: s (stat), l (lstat), c (content), n (namespace), d
-    (a directory's names, without the files in ``own``)."""
+    (a directory: its mode and names, without the files in ``own``)."""
     if kind == "s":
         return _stat(path)
     if kind == "l":
@@ -155,13 +185,9 @@ def replay(argv: list[str]) -> bool:
     this run where it may become the record (:func:`start`) and return False."""
     if not eligible(argv):
         return False
-    try:
-        with open(RECORD, encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        record = None
+    record = _load()
     key = _key(argv)
-    if isinstance(record, dict) and record.get("key") == key and _printable(record) and _unchanged(record):
+    if record is not None and record["key"] == key and _unchanged(record):
         if record.get("confirmed") is True:
             for stream, text in record["output"]:
                 out = sys.stdout if stream == 1 else sys.stderr
@@ -174,19 +200,78 @@ def replay(argv: list[str]) -> bool:
     return False
 
 
-def _printable(record: dict[str, Any]) -> bool:
-    output = record.get("output")
-    return isinstance(output, list) and all(
-        isinstance(x, list) and len(x) == 2 and x[0] in (1, 2) and isinstance(x[1], str) for x in output
+def _load() -> dict[str, Any] | None:
+    """The record in this directory, or None where there is none that holds up (:func:`_holds`)."""
+    data = _regular(RECORD, MAX_RECORD + 1)
+    if data is None or len(data) > MAX_RECORD:
+        return None
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return record if _holds(record) else None
+
+
+def _is_path(p: Any) -> bool:
+    return isinstance(p, str) and p.startswith("/") and "\0" not in p and os.path.normpath(p) == p
+
+
+def _ints(v: Any, *sizes: int) -> bool:
+    return isinstance(v, list) and len(v) in sizes and all(type(x) is int for x in v)
+
+
+#: What each kind of input may be kept as (None: the path was not there), and under which paths (:func:`_kind`).
+_VALUES = {
+    "s": lambda v: _ints(v, 3, 6),
+    "l": lambda v: _ints(v, 3, 6),
+    "c": lambda v: isinstance(v, str),
+    "n": lambda v: _ints(v, 2),
+    "d": lambda v: (
+        isinstance(v, list)
+        and len(v) == 2
+        and type(v[0]) is int
+        and isinstance(v[1], list)
+        and all(isinstance(n, str) for n in v[1])
+    ),
+}
+
+
+def _holds(record: Any) -> bool:
+    """Whether ``record`` is one this module wrote: every field of its type, every path absolute, every input
+    of a kind that :func:`_kind` gives its path, and the lock and the wheelhouse's manifest it was made from
+    among its inputs, each a regular file. Anything else is no record: the run takes the long way."""
+    if not isinstance(record, dict) or not isinstance(record.get("key"), dict):
+        return False
+    output, own, inputs = record.get("output"), record.get("own"), record.get("inputs")
+    if not (isinstance(output, list) and isinstance(own, list) and isinstance(inputs, list)):
+        return False
+    if not all(isinstance(x, list) and len(x) == 2 and x[0] in (1, 2) and isinstance(x[1], str) for x in output):
+        return False
+    if not all(_is_path(p) for p in own) or not isinstance(record.get("confirmed"), bool):
+        return False
+    files = set()
+    for row in inputs:
+        if not (isinstance(row, list) and len(row) == 3 and row[0] in _VALUES and _is_path(row[1])):
+            return False
+        kind, path, value = row
+        if value is not None and not _VALUES[kind](value):
+            return False
+        where = _kind(path, True)  # what a path there is kept as: None under /proc (no input)
+        if where is None or (where != kind if kind in "cn" else where == "n"):
+            return False
+        if kind == "s" and value is not None and stat.S_ISREG(value[0]):
+            files.add(path)
+    made_from = record.get("made_from")
+    return (
+        isinstance(made_from, dict)
+        and set(made_from) == {"lock", "manifest"}
+        and all(_is_path(p) and p in files for p in made_from.values())
     )
 
 
 def _unchanged(record: dict[str, Any]) -> bool:
-    try:
-        own = set(record["own"])
-        inputs = all(_read(kind, path, own) == value for kind, path, value in record["inputs"])
-    except (KeyError, TypeError, ValueError):
-        return False
+    own = set(record["own"])
+    inputs = all(_read(kind, path, own) == value for kind, path, value in record["inputs"])
     return inputs and all(_free(p) for p in own if p.endswith(".lock"))
 
 
@@ -196,12 +281,14 @@ def _free(path: str) -> bool:
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return True  # no lock file: nobody holds it
     except OSError:
         return False  # cannot tell
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False  # not a lock file of ours: cannot tell
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return True
     except OSError:
@@ -362,8 +449,9 @@ def spoil() -> None:
     _stop()
 
 
-def finish() -> None:
-    """At the end of a run that found everything up to date: write the record (tasks/cli/graph.py's Reporter)."""
+def finish(lock: str, manifest: str) -> None:
+    """At the end of a run that found everything up to date: write the record (tasks/cli/graph.py's Reporter),
+    made from ``lock`` and the wheelhouse's ``manifest``, which the run must have read; else write none."""
     import time
 
     trace = _stop()
@@ -377,18 +465,26 @@ def finish() -> None:
         if isinstance(file, str):
             trace.read.add(("s", os.path.abspath(file)))
     for kind, path in trace.read:
-        if path not in own:
-            inputs[(("d" if path in changed else kind), path)] = None
-    for path in trace.listed:
-        inputs[(("d" if path in changed else "s"), path)] = None
+        if path not in own:  # a directory looked at is kept as its names (_names)
+            is_dir = path in changed or (kind == "s" and os.path.isdir(path))
+            inputs[(("d" if is_dir else kind), path)] = None
+    for path in trace.listed:  # also one the run wrote into (build/run): its names but the run's own
+        if _kind(path, True) is not None:
+            inputs[("d", path)] = None
     rows = [[kind, path, _read(kind, path, own)] for kind, path in sorted(inputs)]
+    made_from = {"lock": os.path.abspath(lock), "manifest": os.path.abspath(manifest)}
+    if not all(["s", p, _read("s", p, own)] in rows for p in made_from.values()):
+        return  # not a no-op of this lock and wheelhouse: no record
     racy = time.time_ns() - int(RACY_SECONDS * 1e9)
     fresh = any(kind in "sl" and isinstance(v, list) and len(v) > 5 and max(v[4], v[5]) > racy for kind, _, v in rows)
     previous = trace.previous
     confirmed = (
         previous is not None and not fresh and previous.get("inputs") == rows and previous.get("output") == trace.output
     )
-    doc = {"key": trace.key, "confirmed": confirmed, "own": sorted(own), "inputs": rows, "output": trace.output}
+    doc = {"key": trace.key, "confirmed": confirmed, "made_from": made_from, "own": sorted(own), "inputs": rows,
+           "output": trace.output}  # fmt: skip
+    if not _holds(doc):
+        return  # (a path this module cannot keep: no record)
     import contextlib
     from pathlib import Path
 

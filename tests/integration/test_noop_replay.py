@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,6 +123,36 @@ def test_a_noop_is_replayed_and_any_change_it_reads_ends_the_replay(ws: Workspac
     # No task at all, README's `.venv/bin/doit`: the default task is wheels, recorded and replayed as such.
     assert not wheels(ws, task=()).replayed  # another command line
     assert "-- wheels" in settle(ws, task=()).stdout
+
+
+def test_a_noop_is_replayed_while_other_processes_write_in_a_directory_it_imports_from(
+    ws: Workspace, tmp_path: Path
+) -> None:
+    """A directory on ``sys.path`` where another process comes and goes (a checkout where other builds write
+    their temporaries, as the quickstart does in this one): the run looks at its mtime (importlib.metadata's
+    cache key) on every start, and the record keeps its names, which stay the same."""
+    beside = tmp_path / "on-sys-path"
+    beside.mkdir()
+    env = ws.env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(beside), env.get("PYTHONPATH")) if p)
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.wait(0.02):
+            (beside / ".another-run.tmp").write_text("")
+            (beside / ".another-run.tmp").unlink()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        slow = wheels(ws, env=env)
+        fast = settle(ws, env=env)
+        assert (fast.stdout, fast.stderr) == (slow.stdout, slow.stderr)
+        (beside / "new_module.py").write_text("")  # a name that stays: the slow run
+        assert not wheels(ws, env=env).replayed
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_a_run_that_builds_or_fails_leaves_no_record(ws: Workspace) -> None:
