@@ -130,8 +130,25 @@ def _with_variables_help(main: Any) -> Any:
     return main
 
 
+def _stopped_at_start() -> None:
+    """A Ctrl-C before the run's own handler is in place (tasks/core/proc.py: while Python, doit and the task
+    graph load): the same one line and status as later, not a traceback through the imports."""
+    try:
+        os.write(2, b"\ninterrupted: before the run started\n")
+    except OSError:
+        pass  # the terminal is gone
+    sys.exit(130)
+
+
 def main() -> None:
     """The checkout's ``doit``: doit's main on ``dodo.py`` (found as doit finds it)."""
+    try:
+        _main()
+    except KeyboardInterrupt:
+        _stopped_at_start()
+
+
+def _main() -> None:
     if replay.replay(sys.argv):  # a no-op answered from its record, without doit (tasks/core/replay.py)
         sys.exit(0)
     from tasks.core.startup import fast_start
@@ -144,6 +161,13 @@ def main() -> None:
 
 def reprostack() -> None:
     """The installed ``reprostack``: doit with tasks/cli/dodo.py's graph, in the current directory."""
+    try:
+        _reprostack()
+    except KeyboardInterrupt:
+        _stopped_at_start()
+
+
+def _reprostack() -> None:
     if replay.replay(sys.argv):
         sys.exit(0)
     import inspect

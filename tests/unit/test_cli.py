@@ -219,3 +219,24 @@ def test_tool_python_is_checked() -> None:
     for bad in ("3", "3.12.1", "py3.12", "2.7", "3.x"):
         with pytest.raises(ReproError, match="tool_python="):
             parse_pythons(bad)
+
+
+@pytest.mark.parametrize("entry", ["main", "reprostack"])
+def test_a_ctrl_c_while_the_command_starts_is_one_line_and_130(entry: str, tmp_path: Path) -> None:
+    """Before the run's own handler is in place (while doit and the graph load), Ctrl-C is Python's
+    KeyboardInterrupt: the command says one line and exits 130, as a run interrupted later does."""
+    script = (
+        "import os, signal, sys, time\n"
+        "from tasks.core import replay\n"
+        "def starting(argv):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(30)\n"
+        "replay.replay = starting\n"
+        "from tasks.cli import main\n"
+        f"sys.argv = ['{entry}', 'list']\n"
+        f"main.{entry}()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "\ninterrupted: before the run started\n"
