@@ -290,12 +290,13 @@ CONFIGURE_CHECKS = ("cmTC_*", "CMake*CompilerId*", "CMake*CompilerABI*", "src.c"
 
 
 def is_step(times: Mapping[str, float], unit: str) -> bool:
-    """Whether ``unit`` is a serial step's: one of CMake's configure checks (:data:`CONFIGURE_CHECKS`), or
-    recorded (``times``) at :data:`SERIAL_STEP_S` or fewer."""
-    if any(fnmatch.fnmatchcase(unit, pattern) for pattern in CONFIGURE_CHECKS):
-        return True
+    """Whether ``unit`` is a serial step's: recorded (``times``) at :data:`SERIAL_STEP_S` or fewer, or, with no
+    record, one of CMake's configure checks by its name (:data:`CONFIGURE_CHECKS`). A record says it first: a
+    package's own ``src.cu`` is named like a check's source and may compile for minutes."""
     seconds = times.get(unit)
-    return seconds is not None and float(seconds) <= SERIAL_STEP_S
+    if seconds is not None:
+        return float(seconds) <= SERIAL_STEP_S
+    return any(fnmatch.fnmatchcase(unit, pattern) for pattern in CONFIGURE_CHECKS)
 
 
 @dataclass(frozen=True)

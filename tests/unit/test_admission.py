@@ -120,6 +120,9 @@ def test_a_serial_steps_unit_is_short_by_its_record_or_one_of_cmakes_checks() ->
         assert is_step({}, check), check
     assert not is_step({}, "new_source.cu.o")  # unknown: not taken for short
     assert not is_step({}, "src.cpp.o") and not is_step({}, "CMakeLists.o")
+    # Named like a check, recorded long: a package's own kernel (src.cu), not a step to put first.
+    assert not is_step({"src.cu.o": 300.0}, "src.cu.o") and not is_step({"cmTC_1": 40.0}, "cmTC_1")
+    assert is_step({"src.cu.o": 1.0}, "src.cu.o")
 
 
 def test_the_last_token_is_kept_for_the_top_package_while_it_runs_no_compile() -> None:
