@@ -21,7 +21,9 @@
 # written on this host (`doit mirror tool_python=3.11,3.12,3.13` by this checkout's .venv, whatever its Python):
 # in a container without network (`--network none`) as docs/offline.md says (a venv, pip --no-index
 # --require-hashes), then `reprostack --version` and `pip check`; and with the distribution's own pipx (installed
-# by apt first, so that container has a network, but pip is given none: PIP_NO_INDEX=1), the pipx way of that page.
+# by apt in a container on the first network asked for, kept as an image) the pipx block of that page as it is
+# printed (read from the clone's page with the docs walk's parser, scripts/docs_walk.py), run by `bash -euo
+# pipefail` with DEST=/mirror in a container of that image without network. A `Traceback` in its log fails it.
 #
 # Prints, per distribution, network and command, the exit status and the wall time, what the command
 # left on disk (the checkout, its .venv, and outside it: ~/.cache/reprostack, ~/.cache/pip, pytest's
@@ -55,7 +57,8 @@ command -v mmdebstrap >/dev/null || { log "needs mmdebstrap (apt-get install mmd
 out=build/stock-check
 mkdir -p "$out"
 work=$(mktemp -d)
-trap 'rm -rf "$work"; [ -n "${CID:-}" ] && docker rm -f "$CID" >/dev/null 2>&1 || true' EXIT
+trap 'rm -rf "$work"; [ -n "${CID:-}" ] && docker rm -f "$CID" >/dev/null 2>&1
+      [ -n "${PIPX_IMAGE:-}" ] && docker rmi -f "$PIPX_IMAGE" >/dev/null 2>&1 || true' EXIT
 
 image_for() {  # distribution -> image ID (made once per recipe)
     local dist=$1 tag args=()
@@ -109,32 +112,68 @@ if [ "$TOOL" = 1 ]; then  # one mirror of the tool, written here, for every dist
     .venv/bin/doit -f dodo.py -d "$work/ws" mirror lock="$work/ws/sources.lock" mirror="$work/mirror" \
         tool_python=3.11,3.12,3.13 >"$out/tool-mirror.log" 2>&1 || { log "tool: doit mirror failed: $out/tool-mirror.log"; exit 1; }
     chmod -R a+rX "$work/mirror"
+    # docs/offline.md's pipx block as the page prints it: the one block there that runs `pipx install`.
+    .venv/bin/python - "$work/repo" >"$work/pipx-block.sh" <<'PY' || { log "tool: no pipx block in docs/offline.md"; exit 2; }
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{sys.argv[1]}/scripts")
+import docs_walk
+
+page = "docs/offline.md"
+found = [b for b in docs_walk.parse_page(Path(sys.argv[1], page), page) if "pipx install" in b.text]
+if len(found) != 1:
+    sys.exit(f"{page}: {len(found)} blocks run `pipx install`, not one")
+print(f"# {found[0].label()}")
+print(found[0].text, end="")
+PY
 fi
 TOOL_VENV='python3 -V && python3 -m venv /rs && /rs/bin/pip install -q --no-index --find-links /mirror/tool \
     --require-hashes -r /mirror/tool/requirements.txt && /rs/bin/reprostack --version && /rs/bin/pip check'
-TOOL_PIPX='apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pipx \
-    >/dev/null && pipx --version && export PIP_NO_INDEX=1 && python3 -m pip download -q --no-index \
-    --find-links /mirror/tool --require-hashes -r /mirror/tool/requirements.txt -d ~/reprostack-wheels && \
-    BUNDLED=$(python3 -c "import pathlib, sysconfig; print(sysconfig.get_config_var(\"WHEEL_PKG_DIR\") or \
-        pathlib.Path(sysconfig.get_path(\"stdlib\"), \"ensurepip\", \"_bundled\"))") && \
-    pipx install reprostack --pip-args="--no-index --find-links $HOME/reprostack-wheels --find-links $BUNDLED" && \
-    ~/.local/bin/reprostack --version'
+PIPX_APT='apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pipx'
+pipx_offline() {  # image ca_mount...: the distribution's pipx installed (with network), then the page's block (none)
+    local image=$1 rc=0 apt_net=()
+    shift
+    [ "${NETWORKS[0]}" = host ] && apt_net=(--network host)
+    CID=reprostack-stock-pipx-$$
+    docker run --name "$CID" ${apt_net[@]+"${apt_net[@]}"} ${ca_env[@]+"${ca_env[@]}"} "$@" "$image" \
+        bash -c "$PIPX_APT" || rc=$?
+    [ "$rc" = 0 ] && { PIPX_IMAGE=$(docker commit "$CID") || rc=$?; }
+    docker rm -f "$CID" >/dev/null 2>&1
+    CID=""
+    [ "$rc" = 0 ] || { echo "stock-check: apt-get install pipx failed (exit $rc)"; return "$rc"; }
+    echo "stock-check: docs/offline.md's pipx block as printed, with DEST=/mirror and --network none:"
+    sed 's/^/    /' "$work/pipx-block.sh"
+    docker run --rm --network none -v "$work/mirror:/mirror:ro" -v "$work/pipx-block.sh:/pipx-block.sh:ro" \
+        --env HOME=/root --env DEST=/mirror "$PIPX_IMAGE" bash -c 'pipx --version && bash -euo pipefail /pipx-block.sh' ||
+        rc=$?
+    docker rmi -f "$PIPX_IMAGE" >/dev/null 2>&1
+    PIPX_IMAGE=""
+    return "$rc"
+}
 tool_check() {  # dist image: the tool offline, a venv and pipx
-    local dist=$1 image=$2 how cmd net rc start ca_mount=()
+    local dist=$1 image=$2 how log rc start traceback ca_mount=()
     [ ${#ca_env[@]} -gt 0 ] && ca_mount=(-v "$ca:/etc/ssl/host-ca.crt:ro")
     for how in venv pipx; do
-        if [ "$how" = venv ]; then cmd=$TOOL_VENV; net=(--network none); else cmd=$TOOL_PIPX; net=(); fi
+        log=$out/$dist-tool-$how.log
         start=$(date +%s)
         set +e
-        docker run --rm ${net[@]+"${net[@]}"} -v "$work/mirror:/mirror:ro" --env HOME=/root \
-            ${ca_env[@]+"${ca_env[@]}"} ${ca_mount[@]+"${ca_mount[@]}"} "$image" bash -c "$cmd" \
-            >"$out/$dist-tool-$how.log" 2>&1
+        if [ "$how" = venv ]; then
+            docker run --rm --network none -v "$work/mirror:/mirror:ro" --env HOME=/root \
+                ${ca_env[@]+"${ca_env[@]}"} ${ca_mount[@]+"${ca_mount[@]}"} "$image" bash -c "$TOOL_VENV" >"$log" 2>&1
+        else
+            pipx_offline "$image" ${ca_mount[@]+"${ca_mount[@]}"} >"$log" 2>&1
+        fi
         rc=$?
         set -e
+        # A traceback fails it even where the command went on (pipx logging an error it survived).
+        traceback=$(grep -n -m1 Traceback "$log" | cut -d: -f1 || true)
+        [ -n "$traceback" ] && [ "$rc" = 0 ] && rc=1
         [ "$rc" = 0 ] || status=1
-        printf 'stock-check: %-8s %-7s %-26s exit %-3s %5ss  (log: %s)\n' "$dist" "${net[1]:-default}" \
-            "the tool offline, $how" "$rc" "$(( $(date +%s) - start ))" "$out/$dist-tool-$how.log"
-        tail -2 "$out/$dist-tool-$how.log" | sed 's/^/    /'
+        printf 'stock-check: %-8s %-7s %-26s exit %-3s %5ss  (log: %s)\n' "$dist" none \
+            "the tool offline, $how" "$rc" "$(( $(date +%s) - start ))" "$log"
+        [ -n "$traceback" ] && echo "    a Traceback in its log, line $traceback ($(wc -l <"$log") lines)"
+        tail -2 "$log" | sed 's/^/    /'
     done
 }
 for net in "${NETWORKS[@]}"; do
