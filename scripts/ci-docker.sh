@@ -104,11 +104,16 @@ if [ ${#missing[@]} -gt 0 ]; then
         give_up "skipping the install of ${missing[*]}: it needs root or sudo, and apt-get${NO_PRIVILEGE:+; and $NO_PRIVILEGE}"
     fi
     [ "$SUDO" = none ] && SUDO=""
-    log "installing ${missing[*]}"
+    # apt's transcript (some 60 lines) goes to its own log: one line here says what was installed, or on failure
+    # the log's last lines and its path.
+    APT_LOG=build/ci-docker-apt.log
+    mkdir -p build
     if ! { $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q \
-            --no-install-recommends "${missing[@]}"; } >&2; then
-        give_up "apt-get could not install ${missing[*]}${NO_PRIVILEGE:+; and $NO_PRIVILEGE}"
+            --no-install-recommends "${missing[@]}"; } >"$APT_LOG" 2>&1; then
+        tail -15 "$APT_LOG" | sed 's/^/    /' >&2 || true
+        give_up "apt-get could not install ${missing[*]} (log: $APT_LOG)${NO_PRIVILEGE:+; and $NO_PRIVILEGE}"
     fi
+    log "installed ${missing[*]} with apt-get ($(grep -c '^Setting up ' "$APT_LOG" || true) packages set up; log: $APT_LOG)"
 fi
 [ "$SUDO" = none ] && SUDO=""
 if [ -n "$NO_PRIVILEGE" ]; then
