@@ -208,13 +208,18 @@ class JobServer:
             self.gate.chmod(0o755)
         atexit.register(self.close)
 
-    def describe(self) -> str:
+    def describe(self, *, compiles: bool = True) -> str:
+        """How the run's builds share the slots, in plain words. ``compiles``: whether a build of the run compiles
+        an extension; where none does, what ninja would change is left unsaid."""
         if self.clients and self.broker is not None and self.broker.cluster is not None:
             return f"compiles on the {self.broker.cluster.describe()} (ninja {_fmt(self.ninja_version)})"
         if self.clients:
             return f"jobserver with {self.slots} slots shared by all builds (ninja {_fmt(self.ninja_version)})"
-        found = f"ninja {_fmt(self.ninja_version)}" if self.ninja_version else "no ninja"
-        return f"{self.slots} job slots; {found} on PATH cannot share them (needs >= 1.13): a build holds its MAX_JOBS"
+        held = f"each build holds up to {self.slots} slots while it runs"
+        if not compiles:
+            return held
+        found = f"ninja {_fmt(self.ninja_version)}" if self.ninja_version else "none"
+        return f"{held} (its MAX_JOBS); sharing them compile by compile needs ninja >= 1.13 on PATH (found: {found})"
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         """``base`` with MAKEFLAGS advertising the jobserver and the shim first on PATH."""

@@ -367,7 +367,9 @@ class Context:
                     unit_log=(self.settings.logs / "units.log").absolute(),
                     cluster=cluster,
                 )
-                print(f"job budget: {budget.slots} ({budget.reason}); {self._jobserver.describe()}", flush=True)
+                compiles = any(p.compiles_extension or p.needs_cuda for p in (*building, *self._rebuilt()))
+                said = self._jobserver.describe(compiles=compiles)
+                print(f"job budget: {budget.slots} ({budget.reason}); {said}", flush=True)
                 self._make_forecast(building, (budget.slots, mem * 1024 if per_unit and mem is not None else None))
             return self._jobserver
 
