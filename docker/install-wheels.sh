@@ -19,7 +19,8 @@
 # copy. Same bytes every time: SOURCE_DATE_EPOCH comes from doit image,
 # PYTHONHASHSEED is fixed, pip installs without compiling, and compileall then
 # writes every .pyc with --invalidation-mode checked-hash (the source's hash
-# in the header, not its mtime).
+# in the header, not its mtime). Where the base has uv on PATH, uv installs
+# the wheels instead of pip, with the same options (no pip needed then).
 set -eu
 python=$1
 prefix=$2
@@ -48,17 +49,37 @@ else
 fi
 rm -f "$err"
 
-echo "reprostack: step pip install --no-index --require-hashes -r requirements.txt"
-# --no-deps: dependencies come from the base (torch) and are checked by `doit verify_image`.
-# --ignore-installed: without it pip takes a wheel whose version the base already has as
-# "already satisfied" and installs nothing, so the base's unpatched copy would stay in use.
-PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
-    $pip install --no-index --no-deps --ignore-installed --no-cache-dir --require-hashes --no-compile \
-    --find-links "$wheels" -r "$wheels/requirements.txt"
+# uv where the base has it on PATH, pip otherwise: the same wheels, options and checks.
+uv=$(command -v uv || true)
+uv_run() {
+    # None of the base's uv settings (UV_* variables, uv.toml, pyproject.toml); no network, no cache.
+    env -i PATH="$PATH" HOME="${HOME:-/root}" UV_NO_CONFIG=1 UV_OFFLINE=1 UV_NO_CACHE=1 UV_NO_PROGRESS=1 \
+        UV_PYTHON_DOWNLOADS=never "$uv" "$@"
+}
+if [ -n "$uv" ]; then
+    echo "reprostack: step uv pip install --no-index --require-hashes -r requirements.txt"
+    uv_run --version
+    # pip's options below, in uv's words: --reinstall is --ignore-installed (uv does not even see
+    # the base's packages), files copied, not linked; uv compiles nothing unless asked to.
+    uv_run pip install --python "$prefix/bin/python" --no-index --no-deps --reinstall --require-hashes \
+        --link-mode copy --find-links "$wheels" -r "$wheels/requirements.txt"
+else
+    echo "reprostack: step pip install --no-index --require-hashes -r requirements.txt"
+    # --no-deps: dependencies come from the base (torch) and are checked by `doit verify_image`.
+    # --ignore-installed: without it pip takes a wheel whose version the base already has as
+    # "already satisfied" and installs nothing, so the base's unpatched copy would stay in use.
+    PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+        $pip install --no-index --no-deps --ignore-installed --no-cache-dir --require-hashes --no-compile \
+        --find-links "$wheels" -r "$wheels/requirements.txt"
+fi
 
 site=$(ls -d "$prefix"/lib/python*/site-packages)
 echo "reprostack: step list what the venv holds"
-$pip list --path "$site" --format freeze
+if [ -n "$uv" ]; then
+    uv_run pip list --python "$prefix/bin/python" --format freeze
+else
+    $pip list --path "$site" --format freeze
+fi
 
 echo "reprostack: step compile the venv's .py files (checked-hash .pyc)"
 # As pip does, a file that does not compile (a template, Python 2 code) is reported and skipped.
