@@ -9,6 +9,9 @@ one, saying what the slow one says.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import os
 import re
 import subprocess
@@ -16,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PURE_PROFILE, FixtureServer, Workspace, make_workspace
@@ -62,12 +66,31 @@ def wheels(ws: Workspace, *extra: str, env: dict[str, str] | None = None, task: 
 def settle(ws: Workspace, env: dict[str, str] | None = None, task: tuple[str, ...] = ("wheels",)) -> Run:
     """Runs until one is replayed (a record is written, then confirmed by the next run once nothing it read
     is younger than replay.RACY_SECONDS); the replayed run."""
+    records: list[dict[str, Any]] = []
     for _ in range(4):
         time.sleep(replay.RACY_SECONDS + 0.2)
         run = wheels(ws, env=env, task=task)
         if run.replayed:
             return run
-    raise AssertionError(f"no run was replayed:\n{run.stdout}\n{run.stderr}")
+        with contextlib.suppress(OSError, ValueError):
+            records.append({**json.loads((ws.root / replay.RECORD).read_text()), "at": time.time_ns()})
+    raise AssertionError(f"no run was replayed:\n{run.stdout}\n{run.stderr}\n{_unconfirmed(records)}")
+
+
+def _unconfirmed(records: list[dict[str, Any]]) -> str:
+    """Why the last records did not confirm: what their inputs read differently, what was fresh."""
+    lines = []
+    for before, after in itertools.pairwise(records):
+        old = {(k, p): v for k, p, v in before["inputs"]}
+        new = {(k, p): v for k, p, v in after["inputs"]}
+        lines += [f"changed {key}: {old.get(key)} -> {new.get(key)}" for key in sorted(old.keys() | new.keys())
+                  if old.get(key) != new.get(key)]  # fmt: skip
+        if before["output"] != after["output"]:
+            lines.append(f"output {before['output']} -> {after['output']}")
+    for record in records:
+        racy = record["at"] - int(replay.RACY_SECONDS * 1e9) - 10**9  # (the record was read a moment after)
+        lines += [f"fresh {p}" for k, p, v in record["inputs"] if k in "sl" and v and len(v) > 5 and max(v[4:]) > racy]
+    return "\n".join(lines[:40]) or "(every record read the same, none fresh)"
 
 
 def test_a_noop_is_replayed_and_any_change_it_reads_ends_the_replay(ws: Workspace) -> None:
