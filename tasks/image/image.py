@@ -4,8 +4,8 @@
 docker_dir``) in a container of the base the lock pins by digest, or of a
 local image named by ID with ``base=``: no network, the docker_dir and the
 wheels copied in with ``docker cp``, the wheels installed offline (``pip
-install --no-index --require-hashes`` from the wheelhouse's requirements.txt)
-into a venv at ``[image] prefix``. The venv is copied out as a tar, written as
+install --no-index --require-hashes`` from the wheelhouse's requirements.txt,
+or uv's where the base has uv) into a venv at ``[image] prefix``. The venv is copied out as a tar, written as
 one layer on the base with the image config by :mod:`tasks.image.layer` (fixed
 times, sorted entries, canonical JSON) and ``docker load``-ed: the same
 inputs give the same layer diff_id and image ID, on any day and in any
