@@ -10,15 +10,16 @@ a unit that hits runs for what its hit takes, one that is preprocessed for its p
 the units that compile for their compile.
 
 Used by `doit plan` (tasks/cli/plan.py) and by a run itself, which prints its forecast beside what happened
-(tasks/stages/context.py).
+(tasks/stages/context.py) and, as it goes, the time left by it (:func:`remaining`, tasks/engine/progress.py).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,9 @@ class PackageWork:
     priority: float = 0.0
     #: After its last unit: what its ninja ran without a job slot (the links), the longest of them.
     tail_s: float = 0.0
+    #: Whether it takes one of doit's tasks while it runs (the running units :func:`remaining` plays as packages
+    #: of their own take none: their package holds its task).
+    task: bool = True
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,12 @@ class Forecast:
     wall_s: float
     peak_mb: float
     packages: Mapping[str, PackageForecast] = field(default_factory=dict)
+    #: What :func:`simulate` played (the packages' work in doit's order, on ``slots``, ``budget_mb`` and ``tasks``):
+    #: what :func:`remaining` plays again with what is done taken off.
+    work: tuple[PackageWork, ...] = field(default=(), compare=False)
+    slots: int = field(default=1, compare=False)
+    budget_mb: float | None = field(default=None, compare=False)
+    tasks: int = field(default=8, compare=False)
 
 
 def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None = None, tasks: int = 8) -> Forecast:
@@ -132,7 +142,9 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
 
     def start_packages() -> None:
         nonlocal seq
-        while pending_start and len(started) - len(finished) < tasks:
+        while pending_start and (
+            not work[pending_start[0]].task or sum(work[i].task for i in started - finished) < tasks
+        ):
             i = pending_start.pop(0)
             started.add(i)
             start_at[i] = now
@@ -233,7 +245,15 @@ def simulate(work: Sequence[PackageWork], *, slots: int, budget_mb: float | None
         )
         for i in range(len(work))
     }
-    return Forecast(wall_s=max((p.end_s for p in packages.values()), default=0.0), peak_mb=peak, packages=packages)
+    return Forecast(
+        wall_s=max((p.end_s for p in packages.values()), default=0.0),
+        peak_mb=peak,
+        packages=packages,
+        work=tuple(work),
+        slots=slots,
+        budget_mb=budget_mb,
+        tasks=tasks,
+    )
 
 
 def _changes(expect: admission.Expect) -> tuple[float, ...]:
@@ -242,6 +262,88 @@ def _changes(expect: admission.Expect) -> tuple[float, ...]:
         return ()
     assert expect.peak_from_s is not None and expect.peak_for_s is not None
     return (expect.peak_from_s, expect.peak_from_s + expect.peak_for_s)
+
+
+#: What a unit still running past its recorded seconds is taken to need yet (:func:`remaining`): the figure does
+#: not guess how late it will be; it stops falling while the unit runs on.
+OVERDUE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a run has seen of one package's build so far (tasks/engine/progress.py): the seconds since it
+    started, the units that ended, those running with the seconds each has run (a preprocessor run
+    ``core.cpp.E`` counts as its compile running), and whether the build has ended."""
+
+    elapsed_s: float = 0.0
+    done: frozenset[str] = frozenset()
+    running: Mapping[str, float] = field(default_factory=dict)
+    ended: bool = False
+
+
+def remaining(forecast: Forecast | None, seen: Mapping[str, Seen]) -> Forecast | None:
+    """What is left of the run ``forecast`` foresaw, by the same simulation, once ``seen`` (by package) is
+    taken off: its ``wall_s`` is the seconds left, each package's ``end_s`` the seconds until it ends (a
+    package that ended is not in it). None without a forecast (no history).
+
+    A package not started is played as forecast. Of one building, the units that ended are gone; each
+    running unit keeps its slot first (:func:`tasks.engine.admission.choose`'s first in line, as a unit
+    run once more is) for its recorded seconds less those it has run, at least :data:`OVERDUE_S`; its other
+    units wait as forecast; its serial part is what is left of it while none of its units has started
+    (then none: the forecast plays it before the compiles), and it does not end before its running units.
+    """
+    if forecast is None:
+        return None
+    first: list[PackageWork] = []  # the running units, each a package of its own, first in line
+    building: list[PackageWork] = []
+    pending: list[PackageWork] = []
+    owner: dict[str, str] = {}  # first's names -> their package
+    for work in forecast.work:
+        found = seen.get(work.name)
+        if found is None:
+            pending.append(work)
+            continue
+        if found.ended:
+            continue
+        units = {u.name: u for u in work.units}
+        running: dict[str, float] = {}
+        for name, ran in found.running.items():
+            if name not in units and name.endswith(".E"):
+                name = admission.compile_of(name, units) or name
+            if name in units:  # (a unit the forecast does not know, a configure check, is in its serial part)
+                running[name] = max(running.get(name, 0.0), ran)
+        ahead = []
+        for name, ran in sorted(running.items()):
+            unit = _running_for(units[name], ran)
+            ahead.append(unit.seconds)
+            owner[f"{work.name} {name}"] = work.name
+            first.append(PackageWork(f"{work.name} {name}", (unit,), priority=math.inf, task=False))
+        left = tuple(u for u in work.units if u.name not in found.done and u.name not in running)
+        began = running or any(u in units for u in found.done)
+        serial = 0.0 if began else max(0.0, work.serial_s - found.elapsed_s)
+        if not left:  # it waits for its running units, and it has not ended yet
+            serial = max([serial, OVERDUE_S, *ahead])
+        building.append(replace(work, units=left, serial_s=serial))
+    rest = simulate(
+        [*first, *building, *pending], slots=forecast.slots, budget_mb=forecast.budget_mb, tasks=forecast.tasks
+    )
+    packages: dict[str, PackageForecast] = {}
+    for name, told in rest.packages.items():
+        name = owner.get(name, name)
+        was = packages.get(name)  # a package ends with its last running unit
+        packages[name] = told if was is None or told.end_s > was.end_s else was
+    return replace(rest, packages=packages)
+
+
+def _running_for(unit: UnitWork, ran_s: float) -> UnitWork:
+    """``unit`` ``ran_s`` seconds into its run: what it has left, and what it is expected to hold from now."""
+    expect = unit.expected()
+    if expect.timed:
+        assert expect.peak_from_s is not None and expect.peak_for_s is not None
+        begin = expect.peak_from_s - ran_s
+        end = begin + expect.peak_for_s
+        expect = replace(expect, peak_from_s=max(0.0, begin), peak_for_s=max(0.0, end - max(0.0, begin)))
+    return UnitWork(unit.name, max(unit.seconds - ran_s, OVERDUE_S), expect.peak_mb, expect)
 
 
 def hint_range(seconds: Iterable[float], slots: int) -> tuple[float, float]:

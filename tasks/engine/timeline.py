@@ -8,6 +8,7 @@ it one span per translation unit taken from ninja's ``.ninja_log``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -134,7 +135,8 @@ def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path, f
     built = [o for o in rows if o.status == "built"]
     if built and forecast_s is not None:
         took = max(o.start + o.wall_s for o in built) - min(o.start for o in built)
-        print(f"forecast: {forecast_s:.1f} s of wall time for the builds; they took {took:.1f} s", flush=True)
+        said = f"forecast: {forecast_s:.1f} s of wall time for the builds; they took {took:.1f} s"
+        print(said + against(took, forecast_s), flush=True)
     for o in rows:
         if o.escaped:
             runs = ", ".join(f"{n} by {name}" for name, n in sorted(o.escaped.items()))
@@ -153,6 +155,16 @@ def report(outcomes: Mapping[str, Outcome], names: Iterable[str], trace: Path, f
         print("nothing built in this run, so no build timeline", flush=True)
 
 
+def against(took_s: float, forecast_s: float) -> str:
+    """How ``took_s`` compares with ``forecast_s``, in words for the summary: `` (2.7 % over the forecast)``."""
+    if forecast_s <= 0:
+        return ""
+    off = (took_s - forecast_s) / forecast_s * 100
+    if round(abs(off), 1) == 0:
+        return " (as forecast)"
+    return f" ({abs(off):.1f} % {'over' if off > 0 else 'under'} the forecast)"
+
+
 #: Processes that do a compile unit's work (under gcc, nvcc, the linkers): what "compiling" counts.
 COMPILERS = frozenset({"cc1", "cc1plus", "cicc", "ptxas", "nvlink", "cudafe++", "fatbinary", "ld", "collect2"})
 
@@ -162,11 +174,26 @@ def running_compilers(session: int) -> int:
     return sum(1 for p in procfs.processes() if p.sid == session and p.name in COMPILERS)
 
 
-class Progress:
-    """A build's heartbeat: one console line every ``every`` seconds while it runs, output or not.
+def finished_unit(line: str) -> str | None:
+    """The unit a ninja ``[N/M]`` line says ended (ninja prints it as an edge ends, where its output is no
+    terminal), by its output's file name as the gate names units: the file after ``-o`` in a command, else
+    the line's last word (CMake's ``Building CXX object .../core.cpp.o``); None for another line."""
+    m = _PROGRESS.match(line)
+    if not m:
+        return None
+    words = line[m.end() :].split()
+    if "-o" in words[:-1]:
+        words = [words[words.index("-o") + 1]]
+    return os.path.basename(words[-1]) if words else None
 
-    Units done and total come from ninja's ``[N/M]`` lines (:meth:`feed`); the compilers running
-    are counted in the build's session (:meth:`started` gives its id); elapsed is wall time.
+
+class Progress:
+    """A build's heartbeat: one console line every ``every`` seconds while it runs, output or not (none
+    with ``every`` 0: the run's status line then says it, tasks/engine/progress.py).
+
+    Units done and total come from ninja's ``[N/M]`` lines (:meth:`feed`), and the units they name as
+    ended (``ended``); the compilers running are counted in the build's session (:meth:`started` gives its
+    id); elapsed is wall time.
     """
 
     def __init__(self, package: str, emit: Callable[[str], None], every: float = 15.0) -> None:
@@ -175,6 +202,7 @@ class Progress:
         self.every = every
         self.started_at = time.monotonic()
         self.done = self.total = 0
+        self.ended: set[str] = set()
         self.session = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -183,14 +211,18 @@ class Progress:
         m = _PROGRESS.match(line)
         if m:
             self.done, self.total = int(m.group(1)), int(m.group(2))
+            unit = finished_unit(line)
+            if unit:
+                self.ended.add(unit)
 
     def started(self, pid: int) -> None:
         """The build command started as ``pid``, the leader of its own session."""
         self.session = pid
 
     def __enter__(self) -> Progress:
-        self._thread = threading.Thread(target=self._beat, name=f"progress-{self.package}", daemon=True)
-        self._thread.start()
+        if self.every > 0:
+            self._thread = threading.Thread(target=self._beat, name=f"progress-{self.package}", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -294,10 +294,11 @@ def _build(ctx: Context, pkg: Package, key: str, doc: dict[str, object]) -> Whee
     stage_dir = (ctx.settings.builddir / "stage" / f"{pkg.name}-{key[:12]}").absolute()
     print(f"build {pkg.name} (key {key[:12]}, {jobs} jobs), log: {log}", flush=True)
     started, wall_start = time.monotonic(), time.time()
-    progress = Progress(pkg.name, lambda line: print(line, flush=True))
+    status = ctx.status  # (made with the job server: the run's progress and the time left, one line for all builds)
+    progress = Progress(pkg.name, lambda line: print(line, flush=True), every=15.0 if status is None else 0.0)
     workspace.tree(stage_dir, live=True)
     try:
-        with ctx.cache.staging(f"out-{pkg.name}") as out, progress:
+        with ctx.cache.staging(f"out-{pkg.name}") as out, status.follow(progress) if status else progress:
             built = compile_wheel(ctx, pkg, stage_dir=stage_dir, out=out, log=log, jobs=jobs, progress=progress)
             norm, usage, (hits, misses, remote_failed) = built.wheel, built.usage, built.objects
             seconds = round(time.monotonic() - started, 3)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # imported where used: a no-op run needs none of them (docs/b
     from tasks.engine.cluster import Cluster
     from tasks.engine.forecast import Forecast
     from tasks.engine.jobserver import JobServer
+    from tasks.engine.progress import Status
     from tasks.engine.timeline import Outcome
     from tasks.env.build_container import Builder
     from tasks.env.hermetic import Hermetic
@@ -51,6 +52,10 @@ class Context:
     #: beside what happened.
     forecast: Forecast | None = None
     _forecast_known: set[str] = field(default_factory=set)  # packages the forecast had a record of
+    _forecast_why: str = "no history"  # why there is none
+    #: The run's progress on the console (tasks/engine/progress.py), with the time left by the forecast; made
+    #: with the job server, when the first build starts.
+    status: Status | None = None
 
     @classmethod
     def load(cls, doit_vars: dict[str, str] | None = None) -> Context:
@@ -311,6 +316,7 @@ class Context:
             )
         except Exception as exc:  # a forecast that cannot be made is a line, never a failed build
             print(f"note: no forecast for this run ({exc.__class__.__name__}: {exc})", flush=True)
+            self._forecast_why = "no forecast"
             return
         self._forecast_known = {name for name, (origin, _) in where.items() if origin == "cache"}
         unknown = sorted(set(where) - self._forecast_known)
@@ -326,10 +332,12 @@ class Context:
 
     def jobserver(self) -> JobServer:
         """The run's one job budget, sized on first use for the packages this run must build."""
+        from tasks.core import console
         from tasks.core.console import warn
         from tasks.engine.admission import Budget, plan_budget
         from tasks.engine.broker import available_memory_gb
         from tasks.engine.jobserver import MIN_NINJA, JobServer, find_ninja
+        from tasks.engine.progress import Status
 
         with self._lock:
             if self._jobserver is None:
@@ -358,19 +366,27 @@ class Context:
                     budget = Budget(slots, f"{cluster.slots} CPUs of the cluster's nodes" if slots == cluster.slots
                                     else f"jobs={slots}")  # fmt: skip
                     per_unit = False
+                unit_log = (self.settings.logs / "units.log").absolute()
                 self._jobserver = JobServer(
                     budget.slots,
                     self.settings.builddir.absolute() / "jobserver",
                     search_path=path,
                     ninja=ninja,
                     mem_budget_gb=mem if per_unit else None,
-                    unit_log=(self.settings.logs / "units.log").absolute(),
+                    unit_log=unit_log,
                     cluster=cluster,
                 )
                 compiles = any(p.compiles_extension or p.needs_cuda for p in (*building, *self._rebuilt()))
                 said = self._jobserver.describe(compiles=compiles)
                 print(f"job budget: {budget.slots} ({budget.reason}); {said}", flush=True)
                 self._make_forecast(building, (budget.slots, mem * 1024 if per_unit and mem is not None else None))
+                self.status = Status(
+                    self.forecast,
+                    known=self._forecast_known,
+                    why=self._forecast_why,
+                    units_log=unit_log if self._jobserver.broker is not None else None,
+                    live=console.live(),
+                )
             return self._jobserver
 
     def _cluster(self, gated: bool) -> Cluster | None:

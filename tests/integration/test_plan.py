@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -13,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICK, REPO, Workspace, built_packages, copy_cache, entries, make_workspace, object_counts
+from conftest import (
+    PURE_PROFILE,
+    QUICK,
+    REPO,
+    Workspace,
+    built_packages,
+    copy_cache,
+    entries,
+    make_workspace,
+    object_counts,
+)
 from serve import FixtureServer
 
 from tasks.core.digest import action_key
@@ -135,6 +146,40 @@ def test_a_patch_edit_names_exactly_that_package_and_that_patch(built: Workspace
     assert "forecast:" in res.stdout and "they took" in res.stdout, res.stdout
     header = next(line for line in res.stdout.splitlines() if line.startswith("package "))
     assert header.split()[-2:] == ["forecast", "s"]
+
+
+def test_a_build_says_the_time_left_by_its_forecast_and_the_summary_how_it_compared(
+    tmp_path: Path, server: FixtureServer
+) -> None:
+    ws = make_workspace(tmp_path / "ws", tmp_path / "cache", server.url)
+    ws.lock.write_text(ws.lock.read_text() + PURE_PROFILE)
+    cold = ws.doit("wheels", "profile=pure")  # (its output is no terminal: whole lines)
+    said = [line for line in cold.stdout.splitlines() if line.startswith("  repro_pure: ")]
+    assert said and re.fullmatch(r"  repro_pure: 0m0\ds, remaining unknown \(no history\)", said[0]), cold.stdout
+    assert "they took" not in cold.stdout  # no forecast, no comparison
+
+    edit_pure_patch(ws)  # another key: it builds again, with the first build's timings, and wheels/ is assembled
+    warm = ws.doit("wheels", "profile=pure")
+    assert built_packages(warm.stdout) == ["repro_pure"], warm.stdout
+    forecast = re.search(r"^forecast: ([\d.]+) s of wall time for 1 build\(s\) ", warm.stdout, re.M)
+    assert forecast, warm.stdout
+    first = next(line for line in warm.stdout.splitlines() if line.startswith("  repro_pure: "))
+    left = re.fullmatch(r"  repro_pure: 0m0(\d)s, remaining (\d+)m(\d\d)s", first)
+    assert left, first  # as the build starts: what the forecast said, less the seconds it has run
+    seconds = int(left[2]) * 60 + int(left[3])
+    assert round(float(forecast[1])) - int(left[1]) - 1 <= seconds <= round(float(forecast[1])), (first, forecast[0])
+    summary = re.search(
+        r"^forecast: ([\d.]+) s of wall time for the builds; they took ([\d.]+) s "
+        r"\((as forecast|([\d.]+) % (over|under) the forecast)\)$",
+        warm.stdout,
+        re.M,
+    )
+    assert summary, warm.stdout
+    planned, took = float(summary[1]), float(summary[2])
+    if summary[4] is not None:  # (of the figures unrounded: each printed to a tenth)
+        assert abs(float(summary[4]) - abs(took - planned) / planned * 100) <= 10 / planned + 0.1, summary[0]
+        if took != planned:
+            assert summary[5] == ("over" if took > planned else "under"), summary[0]
 
 
 def fake_torch(root: Path, version: str, cuda: str | None, cxx11_abi: bool) -> Path:
