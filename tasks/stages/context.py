@@ -51,7 +51,7 @@ class Context:
     #: The run's forecast (tasks/engine/forecast.py), made when the first build starts; the summary prints it
     #: beside what happened.
     forecast: Forecast | None = None
-    _forecast_known: set[str] = field(default_factory=set)  # packages the forecast had a record of
+    _forecast_known: set[str] = field(default_factory=set)  # packages the forecast had a record or hints of
     _forecast_why: str = "no history"  # why there is none
     #: The run's progress on the console (tasks/engine/progress.py), with the time left by the forecast; made
     #: with the job server, when the first build starts.
@@ -318,12 +318,18 @@ class Context:
             print(f"note: no forecast for this run ({exc.__class__.__name__}: {exc})", flush=True)
             self._forecast_why = "no forecast"
             return
-        self._forecast_known = {name for name, (origin, _) in where.items() if origin == "cache"}
-        unknown = sorted(set(where) - self._forecast_known)
-        if len(unknown) == len(where):
-            return  # nothing recorded: no figure to compare with
+        # A package with a record here, or hints in the lock, is forecast as `doit plan` forecasts it (a cold
+        # build by the hints alone); one with neither makes the figure a floor.
+        self._forecast_known = {name for name, (origin, _) in where.items() if origin in ("cache", "hints")}
+        if not self._forecast_known:
+            return  # nothing recorded, nothing hinted: no figure to compare with
         self.forecast = forecast
-        without = f", without a record of {', '.join(unknown)}" if unknown else ""
+        unrecorded = sorted(name for name, (origin, _) in where.items() if origin != "cache")
+        without = (
+            f", without a record of {', '.join(unrecorded)} (their compiles by the lock's hints, if any)"
+            if unrecorded
+            else ""
+        )
         print(
             f"forecast: {forecast.wall_s:.1f} s of wall time for {len(building)} build(s){without} "
             "(`doit plan` says why they build)",

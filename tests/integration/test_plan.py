@@ -531,6 +531,15 @@ def test_hints_written_from_a_builds_records_forecast_a_fresh_host(
     # A profile without hints of its own reads the plain files, which the quick profile's did not change.
     assert not (built.root / "patches" / "repro_cuda" / "unit-times.json").exists()
 
+    # The cold build on that host forecasts itself by the same hints, as `doit plan` did: its progress says the
+    # time left (a floor, where a package has neither record nor hints), its summary how it compared.
+    cold = fresh.doit("wheels", "profile=quick")
+    assert re.search(r"^forecast: [\d.]+ s of wall time for \d+ build\(s\), without a record of .*repro_cuda.* "
+                     r"\(their compiles by the lock's hints, if any\)", cold.stdout, re.M), cold.stdout  # fmt: skip
+    said = [line for line in cold.stdout.splitlines() if line.startswith("  repro_cuda: ")]
+    assert said and all(re.search(r", remaining (at least )?\d+m\d\ds", line) for line in said), cold.stdout
+    assert re.search(r"^forecast: [\d.]+ s of wall time for the builds; they took [\d.]+ s", cold.stdout, re.M)
+
     nothing = make_workspace(tmp_path / "nothing", tmp_path / "nothing-cache", server.url)
     res = nothing.doit("hints", "profile=quick", check=False)
     assert res.returncode == 10 and "no package of profile quick has compile units recorded" in res.stderr, res.stderr
