@@ -153,17 +153,18 @@ def test_a_noop_is_replayed_while_other_processes_write_in_a_directory_it_import
 ) -> None:
     """A directory on ``sys.path`` where another process comes and goes (a checkout where other builds write
     their temporaries, as the quickstart does in this one): the run looks at its mtime (importlib.metadata's
-    cache key) on every start, and the record keeps its names, which stay the same."""
+    cache key) on every start, and the record keeps its names, which stay the same. The other process is a
+    thread that moves the directory's times, as a temporary file that came and went does (a real file, left
+    there a moment, was there at some listings on a loaded host: a name the run did see)."""
     beside = tmp_path / "on-sys-path"
     beside.mkdir()
     env = ws.env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(beside), env.get("PYTHONPATH")) if p)
     stop = threading.Event()
 
-    def writer() -> None:
+    def writer() -> None:  # what a temporary file that came and went leaves: the directory's times moved
         while not stop.wait(0.02):
-            (beside / ".another-run.tmp").write_text("")
-            (beside / ".another-run.tmp").unlink()
+            os.utime(beside)
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
