@@ -227,6 +227,7 @@ def test_a_ctrl_c_while_the_command_starts_is_one_line_and_130(entry: str, tmp_p
     KeyboardInterrupt: the command says one line and exits 130, as a run interrupted later does."""
     script = (
         "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # a terminal's: a background job ignores it
         "from tasks.core import replay\n"
         "def starting(argv):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
