@@ -366,7 +366,10 @@ def test_wheel_that_fails_to_install_names_the_step(
     )
     ws.env_extra["REPRO_PROFILE"] = "quick"
     before = labelled_images()
-    containers = _docker("ps", "--all", "--quiet", "--no-trunc").stdout.split()
+    # The image stage's own containers (tasks/image/image.py names them): a container another test file's worker
+    # runs meanwhile on the same daemon (the docs walk's `docker run --rm`) is none of this build's.
+    ours = ("ps", "--all", "--quiet", "--no-trunc", "--filter", "name=reprostack-install-")
+    containers = _docker(*ours).stdout.split()
     res = ws.doit("image", f"base={base_id}", check=False)
     text = res.stdout + res.stderr
     assert res.returncode != 0, text
@@ -375,7 +378,7 @@ def test_wheel_that_fails_to_install_names_the_step(
     assert "requires a different Python" in text and "No image was tagged" in text, text
     assert str(ws.root / "build" / "logs" / "image.log") in text
     assert labelled_images() == before
-    assert _docker("ps", "--all", "--quiet", "--no-trunc").stdout.split() == containers  # no failed build's container
+    assert _docker(*ours).stdout.split() == containers  # no failed build's container
 
 
 def test_lock_without_a_registry_says_so(tmp_path: Path, server: object) -> None:
