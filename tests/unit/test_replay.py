@@ -61,14 +61,18 @@ def run(where: Path, mode: str, timeout: float = 120, **env: str) -> subprocess.
     return done
 
 
-@pytest.fixture
-def where(tmp_path: Path) -> Path:
+def _tree(tmp_path: Path) -> None:
+    """The files and directories the script reads in each of its ways."""
     (tmp_path / "input.txt").write_text("input\n")
     (tmp_path / "stat-only.txt").write_text("size\n")
-    (tmp_path / "listed").mkdir()
+    for name in ("listed", "looked-at", "out"):
+        (tmp_path / name).mkdir()
+
+
+@pytest.fixture
+def where(tmp_path: Path) -> Path:
+    _tree(tmp_path)
     (tmp_path / "listed" / "a").write_text("")
-    (tmp_path / "looked-at").mkdir()
-    (tmp_path / "out").mkdir()
     run(tmp_path, "record")  # the record
     run(tmp_path, "record")  # the same again: confirmed
     return tmp_path
@@ -139,11 +143,7 @@ def test_a_record_that_is_not_one_does_not_answer(where: Path) -> None:
 
 
 def test_an_unconfirmed_record_does_not_answer(tmp_path: Path) -> None:
-    for name in ("input.txt", "stat-only.txt"):
-        (tmp_path / name).write_text("")
-    (tmp_path / "listed").mkdir()
-    (tmp_path / "looked-at").mkdir()
-    (tmp_path / "out").mkdir()
+    _tree(tmp_path)
     run(tmp_path, "record")
     assert not replayed(tmp_path)
 
@@ -262,11 +262,7 @@ def test_a_record_behind_a_link_is_no_record(where: Path) -> None:
 
 
 def test_a_run_that_did_not_read_its_lock_writes_no_record(tmp_path: Path) -> None:
-    for name in ("input.txt", "stat-only.txt"):
-        (tmp_path / name).write_text("")
-    (tmp_path / "listed").mkdir()
-    (tmp_path / "looked-at").mkdir()
-    (tmp_path / "out").mkdir()
+    _tree(tmp_path)
     run(tmp_path, "record", REPLAY_TEST_LOCK="never-read.lock")
     assert not (tmp_path / replay.RECORD).exists()
 
