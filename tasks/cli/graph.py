@@ -187,7 +187,7 @@ class WheelhouseCurrent:
 
 @guarded
 def _do_lock() -> None:
-    from tasks.cli.lockcmd import lock_hermetic, lock_runtime, lock_sources
+    from tasks.cli.lockcmd import lock_build, lock_hermetic, lock_runtime, lock_sources
     from tasks.cli.oci import lock_image_digests, split_update
     from tasks.lock.lockfile import load_lock
 
@@ -204,6 +204,8 @@ def _do_lock() -> None:
     for line in lock_runtime(
         ctx.settings.lock, ctx.cache, wheels=ctx.settings.wheels, logs=ctx.settings.logs, update=sources_update
     ):
+        print(f"  {line}", flush=True)
+    for line in lock_build(ctx.settings.lock, logs=ctx.settings.logs, update=sources_update):
         print(f"  {line}", flush=True)
     for line in lock_image_digests(ctx.settings.lock, images_update):
         print(f"  {line}", flush=True)

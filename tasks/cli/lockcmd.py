@@ -3,7 +3,8 @@
 With tasks/cli/oci.py (image digests), the only code that writes the lock
 file. It edits the TOML document in place (tomlkit keeps comments and layout)
 and replaces the file atomically. Complete entries are left alone unless named
-by ``update=`` (or ``update=all``; ``update=hermetic`` for the hermetic toolchain).
+by ``update=`` (or ``update=all``; ``update=hermetic`` for the hermetic toolchain, ``update=build`` for the
+build closures).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from typing import Any
 import tomlkit
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 from tomlkit.items import AoT, Table
 
 from tasks.core.errors import LockError, ReproError
 from tasks.core.fsutil import write_atomic
 from tasks.env import closure, hermetic
 from tasks.lock import kinds, pypi
-from tasks.lock.lockfile import Lock, Package, Runtime, load_lock
+from tasks.lock.lockfile import BUILD_FRONTEND, Lock, Package, Runtime, WheelPin, build_digest, load_lock
 from tasks.store.cache import Cache
 from tasks.store.manifest import MANIFEST_FILE, load_document
 
@@ -55,11 +57,11 @@ def lock_sources(
 ) -> list[str]:
     """Fill in the lock file's pins; return one line per source describing what changed."""
     lock = load_lock(lock_path, require_pins=False)
-    unknown = [u for u in update if u not in ("all", "runtime") and u not in lock.sources]
+    unknown = [u for u in update if u not in ("all", "runtime", "build") and u not in lock.sources]
     if unknown:
         raise LockError(
             f"update= names unknown source(s) {', '.join(unknown)}; sources: {', '.join(lock.sources)} "
-            "(and: all, hermetic, runtime, image, builder)"
+            "(and: all, hermetic, runtime, build, image, builder)"
         )
     doc = tomlkit.parse(lock_path.read_text())
     report = []
@@ -326,3 +328,103 @@ def lock_hermetic(lock_path: Path, cache: Cache, *, update: tuple[str, ...]) -> 
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
+
+
+#: setuptools before 70.1 builds wheels with the ``wheel`` project's bdist_wheel; from 70.1 on, with its own.
+SETUPTOOLS_OWN_BDIST_WHEEL = Version("70.1")
+
+
+def lock_build(lock_path: Path, *, logs: Path, update: tuple[str, ...]) -> list[str]:
+    """Resolve each package's build closure into ``[build.NAME]`` (see tasks/env/buildenv.py); return lines
+    saying what was pinned.
+
+    A package's ``build_requires`` (torch is the base's: left out), with pip (the frontend) and, where the
+    resolved setuptools is older than 70.1, ``wheel`` (its bdist_wheel), resolved by pip for the lowest CPython
+    of ``[toolchain] python``, each pin with the sha256 of its every Linux wheel for that range. A closure
+    whose inputs did not change is kept unless ``update=build`` (or ``all``); earlier pins go in as
+    constraints first. Every closure is resolved before the file is written.
+    """
+    lock = load_lock(lock_path, require_pins=False)
+    refresh = "build" in update or "all" in update
+    minors = sorted(hermetic.python_minors(lock.toolchain.python or ">=3"))
+    if not minors:
+        raise LockError(f"{lock_path}: [toolchain] python {lock.toolchain.python!r} admits no CPython 3")
+    target = closure.Target(f"3.{minors[0]}")
+    lines: list[str] = []
+    resolved: dict[str, tuple[list[str], str]] = {}  # package -> (pin lines, digest)
+    by_inputs: dict[tuple[str, ...], tuple[dict[str, str], list[str]]] = {}
+    hashes: dict[tuple[str, str], tuple[str, ...]] = {}
+    indexes: list[str] | None = None
+    with tempfile.TemporaryDirectory(prefix="lock-build-") as work:
+        for pkg in lock.packages.values():
+            if pkg.prebuilt:
+                continue
+            digest = build_digest(pkg, lock.toolchain.python)
+            old = lock.build.get(pkg.name)
+            if old is not None and old.resolved_from == digest and not refresh:
+                lines.append(f"build.{pkg.name}: pinned ({len(old.resolved)} wheels)")
+                continue
+            requirements = tuple(sorted({*(r for r in pkg.build_requires if _name(r) != "torch"), *BUILD_FRONTEND}))
+            if requirements not in by_inputs:
+                constraints = [f"{p.name}=={p.version}" for p in old.resolved] if old is not None else []
+                by_inputs[requirements] = _resolve_build(
+                    list(requirements), target, constraints, log=logs / f"lock-build-{pkg.name}.log", where=pkg.name
+                )
+            found, notes = by_inputs[requirements]
+            pins = []
+            for name, version in found.items():
+                if (name, version) not in hashes:
+                    indexes = indexes if indexes is not None else pypi.pip_indexes()
+                    files = hermetic.lock_pin(WheelPin(name=name, version=version, hashes=()),
+                                              python=lock.toolchain.python, work=Path(work), indexes=indexes,
+                                              where=f"build.{pkg.name}")  # fmt: skip
+                    hashes[(name, version)] = tuple(sorted({sha for _file, sha in files}))
+                pins.append(WheelPin(name=name, version=version, hashes=hashes[(name, version)]).requirement())
+            resolved[pkg.name] = (pins, digest)
+            shown = ", ".join(f"{n} {v}" for n, v in found.items())
+            lines.append(
+                f"build.{pkg.name}: {len(pins)} wheels (with pip, the frontend) for CPython {target.python} "
+                f"and up: {shown}"
+            )
+            lines.extend(f"  {note}" for note in notes)
+    gone = [name for name in lock.build if name not in lock.packages or lock.packages[name].prebuilt]
+    if resolved or gone:
+        doc = tomlkit.parse(lock_path.read_text())
+        if "build" not in doc:
+            doc.add(tomlkit.nl())
+            doc.add(tomlkit.comment("The exact wheels each package's build runs with (`doit lock` writes them)."))
+            doc["build"] = tomlkit.table(is_super_table=True)
+        for name in gone:
+            del doc["build"][name]
+            lines.append(f"build.{name}: removed (no such package built from source)")
+        for name, (pins, digest) in resolved.items():
+            table = tomlkit.table()
+            array = tomlkit.array()
+            array.multiline(True)
+            array.extend(pins)
+            table["resolved"] = array
+            table["resolved_from"] = digest
+            doc["build"][name] = table
+        write_atomic(lock_path, tomlkit.dumps(doc))
+        load_lock(lock_path, require_pins=False)  # what we wrote must validate
+    return lines
+
+
+def _resolve_build(
+    requirements: list[str], target: closure.Target, constraints: list[str], *, log: Path, where: str
+) -> tuple[dict[str, str], list[str]]:
+    """name -> version of a build closure, and notes on what was added to the lock's requirements."""
+    section = f"build.{where}"
+    try:
+        found = closure.resolve(requirements, {}, target, constraints=constraints, log=log, where=section)
+    except closure.ResolutionFailed:
+        if not constraints:
+            raise
+        found = closure.resolve(requirements, {}, target, log=log, where=section)  # earlier pins did not fit
+    notes = []
+    setuptools = found.get("setuptools")
+    if setuptools and "wheel" not in found and Version(setuptools) < SETUPTOOLS_OWN_BDIST_WHEEL:
+        found = closure.resolve([*requirements, "wheel"], {}, target, constraints=[f"setuptools=={setuptools}"],
+                                log=log, where=section)  # fmt: skip
+        notes.append(f"added wheel: setuptools {setuptools} builds wheels with it (setuptools 70.1 and later do not)")
+    return found, notes

@@ -487,7 +487,9 @@ def _same_unlabelled(req: Requirement, version: str) -> bool:
     return all(s.operator == "==" and "+" in s.version and Version(s.version).public == version for s in specs)
 
 
-def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | None, target: Target) -> Path:
+def fetch(
+    pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | None, target: Target, section: str = "runtime"
+) -> Path:
     """One file of ``pin`` in ``store`` (``<sha256>/<file>``): the store's, the mirror's, or downloaded.
 
     Whatever the origin, the file's sha256 must be one the lock pins: a stored file is hashed again
@@ -498,7 +500,7 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
         folder = store / sha
         for path in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
             if file_sha256(path) == sha:
-                _refuse_unless_of(path, pin, sha, f"cached as {path.name}")
+                _refuse_unless_of(path, pin, sha, f"cached as {path.name}", section)
                 return path
             warn(f"corrupted fetched wheel {path}: its sha256 changed; discarded, it is fetched again")
             rmtree(folder)
@@ -519,8 +521,9 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
                 candidates.append((link.url, link.filename))
     if not candidates:
         raise VerificationError(
-            f"[runtime] {pin.name}=={pin.version}: no file with a pinned sha256 in the mirror or on the package "
-            "index; run `doit mirror` where the index is reachable, or re-pin with `doit lock update=runtime`"
+            f"[{section}] {pin.name}=={pin.version}: no file with a pinned sha256 in the mirror or on the package "
+            "index; run `doit mirror` where the index is reachable, or re-pin with "
+            f"`doit lock update={_update(section)}`"
         )
     with temporary_dir(store, ".fetch-") as tmp:  # held by this run; one a killed run left, the next removes
         for origin, filename in candidates:
@@ -529,10 +532,10 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
             sha = file_sha256(dest)
             if sha not in pin.hashes:
                 raise VerificationError(
-                    f"[runtime] {pin.name}=={pin.version}: {origin} has sha256 {sha}, which the lock does not pin "
+                    f"[{section}] {pin.name}=={pin.version}: {origin} has sha256 {sha}, which the lock does not pin "
                     f"({', '.join(h[:12] for h in pin.hashes)}); refusing it, nothing was kept"
                 )
-            _refuse_unless_of(dest, pin, sha, f"from {origin}")
+            _refuse_unless_of(dest, pin, sha, f"from {origin}", section)
             final = store / sha
             final.mkdir(parents=True, exist_ok=True)
             os.chmod(dest, 0o644)
@@ -542,16 +545,21 @@ def fetch(pin: Pin, store: Path, *, mirror: Path | None, indexes: list[str] | No
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _refuse_unless_of(path: Path, pin: Pin, sha: str, where: str) -> None:
+def _update(section: str) -> str:
+    """The ``update=`` of `doit lock` that re-pins ``section``."""
+    return "build" if section.startswith("build") else "runtime"
+
+
+def _refuse_unless_of(path: Path, pin: Pin, sha: str, where: str, section: str = "runtime") -> None:
     """VerificationError unless ``path`` is a wheel of ``pin``'s project at its version, by its file name and
     its own METADATA: a pin's sha256 repointed at another wheel (another pin's, an older version's) is refused
     whether that wheel comes from the cache, the mirror or the index."""
     problem = wheel_problem(path, pin.name, pin.version)
     if problem is not None:
         raise VerificationError(
-            f"[runtime] {pin.name}=={pin.version}: the file of its pinned sha256 {sha[:12]}… ({where}) "
+            f"[{section}] {pin.name}=={pin.version}: the file of its pinned sha256 {sha[:12]}… ({where}) "
             f"is not a wheel of {pin.name} {pin.version}: {problem}; the pin names another wheel, nothing of it is "
-            "placed: re-pin with `doit lock update=runtime`"
+            f"placed: re-pin with `doit lock update={_update(section)}`"
         )
 
 

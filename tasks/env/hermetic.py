@@ -268,7 +268,9 @@ def _describe_python(python: str) -> str:
     return f"Python {python}" if python else "Python 3"
 
 
-def lock_pin(pin: WheelPin, *, python: str, work: Path, indexes: list[str] | None = None) -> list[tuple[str, str]]:
+def lock_pin(
+    pin: WheelPin, *, python: str, work: Path, indexes: list[str] | None = None, where: str = "toolchain.hermetic"
+) -> list[tuple[str, str]]:
     """``(filename, sha256)`` of each wheel `doit lock` pins for ``pin`` (see :func:`wheel_fits`).
 
     The sha256 comes from the index page's ``#sha256=`` fragment (PEP 503);
@@ -282,7 +284,7 @@ def lock_pin(pin: WheelPin, *, python: str, work: Path, indexes: list[str] | Non
     files = pypi.project_files(pin.name, indexes)
     if not files.found:
         raise LockError(
-            f"[toolchain.hermetic] {requirement}: no project {pin.name!r} on the package index "
+            f"[{where}] {requirement}: no project {pin.name!r} on the package index "
             f"({', '.join(files.pages)}); check the name, or the index pip is configured with"
         )
     exact = Specifier(f"=={pin.version}")
@@ -295,7 +297,7 @@ def lock_pin(pin: WheelPin, *, python: str, work: Path, indexes: list[str] | Non
         versions = sorted({v for link in files.links if (v := _version_of(link.filename, pin.name)) is not None})
         shown = ", ".join(str(v) for v in versions[-10:]) or "none"
         raise LockError(
-            f"[toolchain.hermetic] {requirement}: the package index has no file of version {pin.version} "
+            f"[{where}] {requirement}: the package index has no file of version {pin.version} "
             f"({', '.join(files.found)}); its latest versions: {shown}"
         )
     chosen = sorted(
@@ -304,7 +306,7 @@ def lock_pin(pin: WheelPin, *, python: str, work: Path, indexes: list[str] | Non
     )
     if not chosen:
         raise LockError(
-            f"[toolchain.hermetic] {requirement}: no wheel for Linux {' or '.join(LOCK_ARCHES)} (manylinux) and "
+            f"[{where}] {requirement}: no wheel for Linux {' or '.join(LOCK_ARCHES)} (manylinux) and "
             f"{_describe_python(python)} among its files on the package index: "
             f"{', '.join(sorted(link.filename for link in of_version))}"
         )

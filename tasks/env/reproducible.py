@@ -25,9 +25,9 @@ host code only (device line info then keeps the real path, which
   local symbols (the ``FILE`` symbol, static initialisers), so two builds of
   one source differ until they are dropped. Global and dynamic symbols stay,
   unlike with ``-s``.
-- ``-ffile-prefix-map`` for the build's Python environment (a checkout's
-  ``.venv``, whose include directory torch extensions compile against), in
-  ``CFLAGS``, ``CXXFLAGS`` and nvcc's host compiler.
+- ``-ffile-prefix-map`` for the build's Python environments (the venv of its
+  build closure, whose pybind11 headers extensions compile against, and the
+  tool's own venv), in ``CFLAGS``, ``CXXFLAGS`` and nvcc's host compiler.
 - ``-frandom-seed=reprostack`` in ``NVCC_APPEND_FLAGS``, where the build's
   nvcc has that option (CUDA 13's does; the toolchain probe records it).
   nvcc names internal-linkage entities
@@ -206,12 +206,15 @@ def placement(package: str, stage: Path) -> Placement:
 
 
 def prefix_maps(
-    place: Placement, prefix: str = sys.prefix, base_prefix: str = sys.base_prefix
+    place: Placement, prefix: str = sys.prefix, base_prefix: str = sys.base_prefix, build_env: str = ""
 ) -> list[tuple[str, str]]:
-    """``-ffile-prefix-map`` pairs, most general first (gcc applies the last one that matches)."""
+    """``-ffile-prefix-map`` pairs, most general first (gcc applies the last one that matches). ``build_env``: the
+    venv of the build closure (tasks/env/buildenv.py), whose headers (pybind11's) the build compiles against."""
     maps = []
     if prefix != base_prefix:
         maps.append((prefix, CANONICAL_VENV))
+    if build_env:
+        maps.append((build_env, CANONICAL_VENV))
     if place.method == "prefix-map":
         maps.append((str(place.stage), str(place.seen)))
     usable = [(old, new) for old, new in maps if not any(c.isspace() or c == "," for c in old)]
@@ -231,13 +234,13 @@ def flags(maps: Sequence[tuple[str, str]], *, nvcc_seed: bool = False) -> dict[s
     }
 
 
-def apply(env: Mapping[str, str], place: Placement, *, nvcc_seed: bool = False) -> dict[str, str]:
+def apply(env: Mapping[str, str], place: Placement, *, nvcc_seed: bool = False, build_env: str = "") -> dict[str, str]:
     """``env`` with the reproducibility environment and flags added (after the recipe's own flags)."""
     out = dict(env)
     out.update(FIXED_ENV)
     if place.method == "mount-namespace":
         out.update({ENV_STAGE: str(place.stage), ENV_STAGE_SEEN: str(place.seen)})
-    for name, extra in flags(prefix_maps(place), nvcc_seed=nvcc_seed).items():
+    for name, extra in flags(prefix_maps(place, build_env=build_env), nvcc_seed=nvcc_seed).items():
         value = " ".join([env.get(name, ""), *extra]).strip()
         if value:
             out[name] = value

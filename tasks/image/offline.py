@@ -1,5 +1,6 @@
 """What goes to a site without network (docs/offline.md): `doit mirror`'s directory (also a bundle's
-``mirror/``: the profile's sources, the hermetic toolchain's wheels and the runtime closure's) and
+``mirror/``: the profile's sources, the wheels of the hermetic toolchain, the build closures and the runtime
+closure) and
 `doit bundle`'s one file (tasks/image/bundle.py writes it)."""
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from pathlib import Path
 from tasks.core.errors import BundleError
 from tasks.core.fsutil import copy_atomic
 from tasks.image.bundle import write_bundle
+from tasks.lock.lockfile import WheelPin
 from tasks.stages.context import Context
 
 
 def write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[str]:
     """Write what `doit mirror` writes into ``dest`` (also the bundle's ``mirror/``): the profile's sources,
-    the wheels of the hermetic toolchain and of the runtime closure; yield one line per item. A closure
-    wheel comes from the cache, else ``source`` (a mirror's ``wheels/``), else the package index."""
+    the wheels of the hermetic toolchain, of the build closures and of the runtime closure; yield one line per item.
+    A closure wheel comes from the cache, else ``source`` (a mirror's ``wheels/``), else the package index."""
     from tasks.env.hermetic import mirror_wheels
     from tasks.lock.fetch import export_mirror
 
@@ -30,6 +32,13 @@ def write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[s
         if source is not None and source != dest and (source / "wheels").is_dir():
             copy_pinned_wheels(source / "wheels", dest / "wheels", {h for pin in pins for h in pin.hashes})
         for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=dest):
+            yield f"  {line}"
+    build = build_pins(ctx)
+    if build:
+        yield f"build closures: the wheels of {len(build)} pins into {dest / 'wheels'}"
+        if source is not None and source != dest and (source / "wheels").is_dir():
+            copy_pinned_wheels(source / "wheels", dest / "wheels", {h for pin in build for h in pin.hashes})
+        for line in mirror_wheels(build, python=ctx.lock.toolchain.python, mirror=dest):
             yield f"  {line}"
     runtime = ctx.runtime
     if runtime is not None and runtime.resolved:
@@ -46,6 +55,16 @@ def write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[s
                 copy_atomic(path, wheels / path.name)
             total += path.stat().st_size
         yield f"  runtime closure: {len(runtime.resolved)} wheels in {wheels} ({total / 1e6:.1f} MB)"
+
+
+def build_pins(ctx: Context) -> list[WheelPin]:
+    """Every pin of the build closures of the profile's packages built from source, once each."""
+    pins: dict[str, WheelPin] = {}
+    for pkg in ctx.packages:
+        if not pkg.prebuilt:
+            for pin in ctx.build_closure(pkg):
+                pins.setdefault(pin.requirement(), pin)
+    return [pins[k] for k in sorted(pins)]
 
 
 def tool_pythons(ctx: Context) -> tuple[str, ...]:

@@ -217,6 +217,25 @@ class Package:
         return self.needs_torch and not self.prebuilt and not self.torch_unpinned
 
 
+#: What every build closure holds besides a package's build requirements: the frontend that runs the build.
+BUILD_FRONTEND = ("pip",)
+
+
+def build_digest(pkg: Package, python: str) -> str:
+    """What a package's build closure was resolved from (``[build.NAME] resolved_from``): its build requirements
+    (torch is the base's, not the closure's), the frontend and the lock's Python range."""
+    doc = {"requirements": sorted(pkg.build_requires), "frontend": list(BUILD_FRONTEND), "python": python}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildClosure:
+    """``[build.NAME]``: the exact, hash-pinned wheels a package's build runs with (`doit lock` writes it)."""
+
+    resolved: tuple[WheelPin, ...] = ()
+    resolved_from: str = ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     name: str
@@ -266,6 +285,16 @@ class Lock:
     image: ImageSpec | None = None
     builder: BuilderSpec | None = None
     runtime: Runtime | None = None
+    #: ``[build.NAME]`` by package: each package's build closure.
+    build: Mapping[str, BuildClosure] = field(default_factory=dict)
+
+    def build_closure(self, pkg: Package) -> BuildClosure | None:
+        """``pkg``'s build closure, if the lock has one resolved for its build requirements as they are now
+        (a profile that changes them needs `doit lock` again)."""
+        found = self.build.get(pkg.name)
+        if found is None or found.resolved_from != build_digest(pkg, self.toolchain.python):
+            return None
+        return found
 
     def runtime_for(self, profile: str = "default") -> Runtime | None:
         """The environment of ``profile``: its own ``[profiles.NAME.runtime]``, else the lock's ``[runtime]``."""
@@ -408,7 +437,9 @@ TOP_FIELDS = {
     "image": _Field(_is_table),
     "builder": _Field(_is_table),
     "runtime": _Field(_is_table),
+    "build": _Field(_is_table),
 }
+BUILD_FIELDS = {"resolved": _Field(_is_str_list), "resolved_from": _Field(_is_sha256)}
 TOOLCHAIN_FIELDS = {
     "python": _Field(_is_specifier),
     "torch": _Field(_is_specifier),
@@ -575,6 +606,7 @@ def parse_lock(
     profiles = _parse_profiles(p, doc.get("profiles"), declared_packages, declared_sources, files_dir)
     image, builder = _parse_images(p, doc.get("image"), doc.get("builder"), path.parent)
     runtime = _parse_runtime(p, doc.get("runtime"))
+    build = _parse_build(p, doc.get("build"), packages)
     _check_wheel_sources(p, sources, packages, toolchain, runtime)
     _check_archs(p, doc.get("toolchain"), packages)
     p.raise_if_any(require_pins)
@@ -591,7 +623,25 @@ def parse_lock(
         image=image,
         builder=builder,
         runtime=runtime,
+        build=build,
     )
+
+
+def _parse_build(p: _Problems, raw: Any, packages: Mapping[str, Package]) -> dict[str, BuildClosure]:
+    """``[build.NAME]`` of each package built from source. One missing, or resolved from other build requirements,
+    is refused by the build that needs it (:meth:`Lock.build_closure`), naming `doit lock`."""
+    raw = raw if isinstance(raw, dict) else {}
+    found: dict[str, BuildClosure] = {}
+    for name, entry in raw.items():
+        where = f"build.{name}"
+        if name not in packages:
+            p.add(where, f"names no package of the lock{_suggest(name, packages)} (remove it, or run `doit lock`)")
+            continue
+        if not p.check_table(where, entry, BUILD_FIELDS):
+            continue
+        pins = _parse_pins(p, f"{where}.resolved", entry.get("resolved", []), hashed=True)
+        found[name] = BuildClosure(resolved=pins, resolved_from=entry.get("resolved_from", ""))
+    return found
 
 
 RUNTIME_FIELDS = {

@@ -1,7 +1,7 @@
 """Stage 3: build one package's wheel under its action key, or reuse the cached one.
 
 The build runs ``pip wheel --no-build-isolation --no-deps --no-index``
-against the current interpreter's toolchain, with the recipe's environment,
+in the venv of the package's build closure (tasks/env/buildenv.py), with the recipe's environment,
 in a fresh staged tree that the build sees at a canonical path, with the
 flags and environment of tasks/env/reproducible.py. Its full output goes to ``build/logs/build-<pkg>.log``.
 The wheel is normalised and stored in the cache atomically; concurrent doit
@@ -158,9 +158,12 @@ def compile_wheel(
             wheel=_normalised(raw, out, pkg, log, ctx.requires_added(pkg)), usage=usage, objects=objcache.Stats(0, 0)
         )
     place = reproducible.placement(pkg.name, stage_dir)
-    cmd = wheel_command(pkg, str(raw), place.path(build_dir))
+    tools = ctx.build_environment(pkg, log)  # the build closure's venv: its python runs the build, its bin/ first
+    cmd = wheel_command(pkg, str(raw), place.path(build_dir), python=str(tools.python))
     server = ctx.jobserver()
-    env = server.env(reproducible.apply(build_env(ctx, pkg, jobs), place, nvcc_seed=ctx.nvcc_seed))
+    env = build_env(ctx, pkg, jobs)
+    env["PATH"] = os.pathsep.join([str(tools.bin), env.get("PATH", os.defpath)])
+    env = server.env(reproducible.apply(env, place, nvcc_seed=ctx.nvcc_seed, build_env=str(tools.root)))
     objects = ctx.objcache() if object_cache else None
     stats_log = (ctx.settings.logs / f"ccache-{pkg.name}.log").absolute()
     stats_log.unlink(missing_ok=True)

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.core.digest import action_key
-from tasks.core.errors import FetchError, PatchError, ReproError, ToolchainError
+from tasks.core.errors import FetchError, LockError, PatchError, ReproError, ToolchainError
 from tasks.core.settings import MAX_JOBS, WORKSPACE_FILE, Settings, load_settings
 from tasks.core.treehash import file_sha256
 from tasks.env import reproducible, toolchain
 from tasks.lock.keys import RECIPE_FORMAT, key_document
-from tasks.lock.lockfile import Lock, Package, Runtime, arch_env, expand_env, load_lock
+from tasks.lock.lockfile import Lock, Package, Runtime, WheelPin, arch_env, expand_env, load_lock
 from tasks.stages.patch import Patch
 from tasks.store.cache import Cache
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # imported where used: a no-op run needs none of them (docs/b
     from tasks.engine.progress import Status
     from tasks.engine.timeline import Outcome
     from tasks.env.build_container import Builder
+    from tasks.env.buildenv import BuildEnv
     from tasks.env.hermetic import Hermetic
     from tasks.env.objcache import ObjectCache
     from tasks.store.remote import Remote
@@ -174,7 +175,7 @@ class Context:
                 f"Python's C headers (Python.h) are not installed for {sys.executable} "
                 "(Debian and Ubuntu: apt-get install python3-dev)"
             )
-        if not problems:
+        if not problems and self.builder is not None and self.hermetic is None:  # the image's own tools
             try:
                 toolchain.check_build_requires(pkg.build_requires, info, package=pkg.name)
             except ToolchainError as exc:
@@ -237,7 +238,7 @@ class Context:
                 torch=pkg.needs_torch,
                 cuda=pkg.needs_cuda,
             )
-            requires = toolchain.check_build_requires(pkg.build_requires, info, package=pkg.name)
+            requires = self._closure_key(pkg, info)
             doc = key_document(
                 pkg,
                 sources=self.lock.sources,
@@ -255,6 +256,38 @@ class Context:
             )
             self._keys[pkg.name] = (action_key(doc), doc)
         return self._keys[pkg.name]
+
+    def build_closure(self, pkg: Package) -> tuple[WheelPin, ...]:
+        """The exact wheels ``pkg``'s build runs with (``[build.NAME]``); LockError naming `doit lock` if unresolved."""
+        found = self.lock.build_closure(pkg)
+        if found is None:
+            raise LockError(
+                f"package {pkg.name}: {self.lock.path} has no build closure for its build_requires "
+                f"{list(pkg.build_requires)} ([build.{pkg.name}], the exact wheels its build runs with): "
+                f"run `doit lock lock={self.lock.path}` to resolve and pin it"
+            )
+        return found.resolved
+
+    def _closure_key(self, pkg: Package, info: dict[str, Any]) -> dict[str, str]:
+        """What the key holds of the tools ``pkg`` builds with: the closure's pins and hashes (the builder image's
+        versions found, for a build in one)."""
+        if self.builder is not None and self.hermetic is None:
+            return toolchain.check_build_requires(pkg.build_requires, info, package=pkg.name)
+        return {p.name: " ".join([p.version, *(f"sha256:{h}" for h in p.hashes)]) for p in self.build_closure(pkg)}
+
+    def build_environment(self, pkg: Package, log: Path) -> BuildEnv:
+        """The venv of ``pkg``'s build closure (tasks/env/buildenv.py), made on first use (its output in ``log``)."""
+        from tasks.env import buildenv
+
+        base = buildenv.torch_dirs() if pkg.needs_torch else ()
+        return buildenv.ensure(
+            self.build_closure(pkg),
+            cache=self.cache,
+            mirror=self.settings.mirror,
+            log=log,
+            package=pkg.name,
+            base_dirs=base,
+        )
 
     def requires_added(self, pkg: Package) -> list[str]:
         """The Requires-Dist lines the build adds to ``pkg``'s wheel: the exact torch it compiles against
