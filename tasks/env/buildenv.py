@@ -152,7 +152,7 @@ def _site(env: BuildEnv) -> Path:
 
 def _fetch(pins: Sequence[WheelPin], *, cache: Cache, mirror: Path | None, package: str) -> list[tuple[Path, str]]:
     """One file of each pin for this interpreter, sha256 checked: the cache's, the mirror's or the index's."""
-    target = closure.Target(f"{sys.version_info[0]}.{sys.version_info[1]}")
+    target = closure.host_target()
     out = []
     for pin in pins:
         path = closure.fetch(

@@ -22,6 +22,7 @@ import functools
 import importlib.metadata
 import json
 import os
+import platform
 import re
 import sys
 import tempfile
@@ -112,9 +113,16 @@ class Target:
 
     def pip_options(self) -> list[str]:
         options = ["--only-binary=:all:", "--python-version", self.python, "--implementation", "cp", "--abi", self.abi]
-        for platform in self.platforms:
-            options += ["--platform", platform]
+        for tag in self.platforms:
+            options += ["--platform", tag]
         return options
+
+
+def host_target(python: str = "") -> Target:
+    """CPython ``python`` (default: this one) on this machine's CPU, with the default manylinux tags."""
+    python = python or f"{sys.version_info[0]}.{sys.version_info[1]}"
+    machine = platform.machine() or "x86_64"
+    return Target(python, tuple(p.replace("x86_64", machine) for p in DEFAULT_PLATFORMS))
 
 
 def target_of(runtime: Runtime) -> Target:

@@ -35,11 +35,22 @@ def write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[s
             yield f"  {line}"
     build = build_pins(ctx)
     if build:
-        yield f"build closures: the wheels of {len(build)} pins into {dest / 'wheels'}"
-        if source is not None and source != dest and (source / "wheels").is_dir():
-            copy_pinned_wheels(source / "wheels", dest / "wheels", {h for pin in build for h in pin.hashes})
-        for line in mirror_wheels(build, python=ctx.lock.toolchain.python, mirror=dest):
-            yield f"  {line}"
+        from tasks.env import closure
+
+        wheels = dest / "wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
+        pythons = sorted({closure.host_target().python, *tool_pythons(ctx)})
+        files: dict[str, int] = {}
+        for python in pythons:  # the file of each pin for each Python the mirror serves, on this machine's CPU
+            for pin in build:
+                path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), ctx.cache.fetched,
+                                     mirror=source, indexes=None, target=closure.host_target(python),
+                                     section="build")  # fmt: skip
+                if not (wheels / path.name).is_file():
+                    copy_atomic(path, wheels / path.name)
+                files[path.name] = path.stat().st_size
+        yield (f"  build closures: {len(files)} wheels of {len(build)} pins in {wheels} for CPython "
+               f"{', '.join(pythons)} ({sum(files.values()) / 1e6:.1f} MB)")  # fmt: skip
     runtime = ctx.runtime
     if runtime is not None and runtime.resolved:
         from tasks.env import closure
