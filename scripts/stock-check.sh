@@ -15,6 +15,7 @@
 #   bash scripts/stock-check.sh bookworm noble trixie    # any of them, in this order
 #   STOCK_NETWORKS=host bash scripts/stock-check.sh noble   # one network variant only (host or default)
 #   STOCK_COMMANDS=quickstart bash scripts/stock-check.sh   # some commands only (quickstart, ci, tool)
+#   STOCK_COMMANDS=tool bash scripts/stock-check.sh noble   # the offline checks only (no network in them)
 #   bash scripts/stock-check.sh --images noble           # only make the images; prints "<dist> <image ID>"
 #
 # `tool` (after the two commands): the tool installed offline on each distribution's Python from one mirror
@@ -24,6 +25,10 @@
 # by apt in a container on the first network asked for, kept as an image) the pipx block of that page as it is
 # printed (read from the clone's page with the docs walk's parser, scripts/docs_walk.py), run by `bash -euo
 # pipefail` with DEST=/mirror in a container of that image without network. A `Traceback` in its log fails it.
+# And "the example offline": the mirror is of examples/example.lock (its upstreams served on loopback here while
+# `doit mirror` runs, the lock's URLs at that port); in a container without network, the page's venv block, then
+# its block that builds and verifies (`reprostack wheels lock=... mirror=...`, then verify) with LOCKDIR=/lock,
+# LOCK=example.lock, DEST=/mirror: the build closures' wheels come from the mirror alone.
 #
 # Prints, per distribution, network and command, the exit status and the wall time, what the command
 # left on disk (the checkout, its .venv, and outside it: ~/.cache/reprostack, ~/.cache/pip, pytest's
@@ -57,7 +62,7 @@ command -v mmdebstrap >/dev/null || { log "needs mmdebstrap (apt-get install mmd
 out=build/stock-check
 mkdir -p "$out"
 work=$(mktemp -d)
-trap 'rm -rf "$work"; [ -n "${CID:-}" ] && docker rm -f "$CID" >/dev/null 2>&1
+trap '[ -n "${SERVE:-}" ] && kill "$SERVE" 2>/dev/null; rm -rf "$work"; [ -n "${CID:-}" ] && docker rm -f "$CID" >/dev/null 2>&1
       [ -n "${PIPX_IMAGE:-}" ] && docker rmi -f "$PIPX_IMAGE" >/dev/null 2>&1 || true' EXIT
 
 image_for() {  # distribution -> image ID (made once per recipe)
@@ -106,12 +111,23 @@ for what in "${COMMANDS[@]}"; do
 done
 if [ "$TOOL" = 1 ]; then  # one mirror of the tool, written here, for every distribution's Python
     [ -x .venv/bin/doit ] || { log "tool: needs this checkout's .venv to write the mirror (bash scripts/bootstrap.sh)"; exit 2; }
-    mkdir -p "$work/ws"
-    printf 'format = 1\n[sources]\n[packages]\n' >"$work/ws/sources.lock"
-    log "tool: doit mirror tool_python=3.11,3.12,3.13 on this host ($(.venv/bin/python -V)) -> $out/tool-mirror.log"
-    .venv/bin/doit -f dodo.py -d "$work/ws" mirror lock="$work/ws/sources.lock" mirror="$work/mirror" \
-        tool_python=3.11,3.12,3.13 >"$out/tool-mirror.log" 2>&1 || { log "tool: doit mirror failed: $out/tool-mirror.log"; exit 1; }
-    chmod -R a+rX "$work/mirror"
+    # The example lock's upstreams, served on loopback here; the lock (its URLs at that port) and its patches
+    # go to /lock in the containers, the mirror of it to /mirror.
+    mkdir -p "$work/ws" "$work/lock"
+    .venv/bin/python tests/fixtures/make_fixtures.py "$work/upstream" >/dev/null
+    .venv/bin/python tests/fixtures/serve.py "$work/upstream" --port 0 >"$work/serve.log" 2>&1 &
+    SERVE=$!
+    for _ in $(seq 300); do grep -q '^serving ' "$work/serve.log" 2>/dev/null && break; sleep 0.1; done
+    port=$(sed -n 's|^serving .* at http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$work/serve.log")
+    [ -n "$port" ] || { log "tool: the example upstreams could not be served: $(cat "$work/serve.log")"; exit 2; }
+    sed "s|http://127.0.0.1:8737/|http://127.0.0.1:$port/|g" examples/example.lock >"$work/lock/example.lock"
+    cp -r examples/patches "$work/lock/patches"
+    log "tool: doit mirror of the example lock, tool_python=3.11,3.12,3.13, on this host ($(.venv/bin/python -V)) -> $out/tool-mirror.log"
+    PIP_INDEX_URL="http://127.0.0.1:$port/simple" .venv/bin/doit -f dodo.py -d "$work/ws" mirror \
+        lock="$work/lock/example.lock" mirror="$work/mirror" tool_python=3.11,3.12,3.13 >"$out/tool-mirror.log" 2>&1 ||
+        { log "tool: doit mirror failed: $out/tool-mirror.log"; exit 1; }
+    kill "$SERVE" 2>/dev/null || true
+    chmod -R a+rX "$work/mirror" "$work/lock"
     # docs/offline.md's pipx block as the page prints it: the one block there that runs `pipx install`.
     .venv/bin/python - "$work/repo" >"$work/pipx-block.sh" <<'PY' || { log "tool: no pipx block in docs/offline.md"; exit 2; }
 import sys
@@ -127,9 +143,28 @@ if len(found) != 1:
 print(f"# {found[0].label()}")
 print(found[0].text, end="")
 PY
+    # and its block that builds and verifies from the mirror (the one running `reprostack wheels lock=`)
+    .venv/bin/python - "$work/repo" >"$work/build-block.sh" <<'PY' || { log "tool: no build block in docs/offline.md"; exit 2; }
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{sys.argv[1]}/scripts")
+import docs_walk
+
+page = "docs/offline.md"
+found = [b for b in docs_walk.parse_page(Path(sys.argv[1], page), page) if "reprostack wheels lock=" in b.text]
+if len(found) != 1:
+    sys.exit(f"{page}: {len(found)} blocks run `reprostack wheels lock=`, not one")
+print(f"# {found[0].label()}")
+print(found[0].text, end="")
+PY
+    chmod a+r "$work/build-block.sh"
 fi
 TOOL_VENV='python3 -V && python3 -m venv /rs && /rs/bin/pip install -q --no-index --find-links /mirror/tool \
     --require-hashes -r /mirror/tool/requirements.txt && /rs/bin/reprostack --version && /rs/bin/pip check'
+# docs/offline.md's venv block (the tool into ~/reprostack), then its build block as printed, for the example lock
+EXAMPLE_OFFLINE='python3 -V && python3 -m venv ~/reprostack && ~/reprostack/bin/pip install -q --no-index \
+    --find-links "$DEST"/tool --require-hashes -r "$DEST"/tool/requirements.txt && bash -euo pipefail /build-block.sh'
 PIPX_APT='apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pipx'
 pipx_offline() {  # image ca_mount...: the distribution's pipx installed (with network), then the page's block (none)
     local image=$1 rc=0 apt_net=()
@@ -154,13 +189,17 @@ pipx_offline() {  # image ca_mount...: the distribution's pipx installed (with n
 tool_check() {  # dist image: the tool offline, a venv and pipx
     local dist=$1 image=$2 how log rc start traceback ca_mount=()
     [ ${#ca_env[@]} -gt 0 ] && ca_mount=(-v "$ca:/etc/ssl/host-ca.crt:ro")
-    for how in venv pipx; do
+    for how in venv pipx example; do
         log=$out/$dist-tool-$how.log
         start=$(date +%s)
         set +e
         if [ "$how" = venv ]; then
             docker run --rm --network none -v "$work/mirror:/mirror:ro" --env HOME=/root \
                 ${ca_env[@]+"${ca_env[@]}"} ${ca_mount[@]+"${ca_mount[@]}"} "$image" bash -c "$TOOL_VENV" >"$log" 2>&1
+        elif [ "$how" = example ]; then  # the example lock built and verified from the mirror alone
+            docker run --rm --network none -v "$work/mirror:/mirror:ro" -v "$work/lock:/lock:ro" \
+                -v "$work/build-block.sh:/build-block.sh:ro" --env HOME=/root --env DEST=/mirror --env LOCKDIR=/lock \
+                --env LOCK=example.lock "$image" bash -c "$EXAMPLE_OFFLINE" >"$log" 2>&1
         else
             pipx_offline "$image" ${ca_mount[@]+"${ca_mount[@]}"} >"$log" 2>&1
         fi
@@ -170,8 +209,13 @@ tool_check() {  # dist image: the tool offline, a venv and pipx
         traceback=$(grep -n -m1 Traceback "$log" | cut -d: -f1 || true)
         [ -n "$traceback" ] && [ "$rc" = 0 ] && rc=1
         [ "$rc" = 0 ] || status=1
+        what="the tool offline, $how"
+        [ "$how" = example ] && what="the example offline"
         printf 'stock-check: %-8s %-7s %-26s exit %-3s %5ss  (log: %s)\n' "$dist" none \
-            "the tool offline, $how" "$rc" "$(( $(date +%s) - start ))" "$log"
+            "$what" "$rc" "$(( $(date +%s) - start ))" "$log"
+        if [ "$how" = example ]; then  # what was built and what left out, from the log
+            grep -E '^(built |skipped |  (repro_[a-z]+) +(built|skipped))|[0-9]+ passed, [0-9]+ failed' "$log" | sed 's/^/    /' || true
+        fi
         [ -n "$traceback" ] && echo "    a Traceback in its log, line $traceback ($(wc -l <"$log") lines)"
         tail -2 "$log" | sed 's/^/    /'
     done

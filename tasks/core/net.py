@@ -25,6 +25,7 @@ the session; every other request is tried once, and its error says what failed.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from collections.abc import Sequence
@@ -129,6 +130,10 @@ def download(url: str, dest: Path) -> None:
                 c.close()
     except OSError as exc:  # requests.RequestException is an OSError
         proc.check_interrupted(what)  # the error is the shut socket's
+        import requests
+
+        if not isinstance(exc, requests.RequestException) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise  # this host's file system (a full disk, a read-only cache): the run's one line names it
         raise unreachable(url, str(exc)) or FetchError(f"download of {url} failed: {exc}") from None
 
 

@@ -1,6 +1,7 @@
 """Build environments: a venv of exactly a package's build closure (``[build.NAME]``), made once per closure.
 
-Each is ``<cache>/buildenvs/<sha256>``: a ``venv --without-pip`` of the build's interpreter into which the
+Each is ``/tmp/reprostack-build/envs/<sha256>`` (one path wherever the cache is, like the staged trees'): a
+``venv --without-pip`` of the build's interpreter into which the
 closure's pinned pip installs every pinned wheel (itself included) with ``--require-hashes --no-deps
 --no-index``, from files fetched by sha256 (the cache, the mirror's ``wheels/``, the index). It sees the
 standard library, those wheels and, for a package that builds against torch, the base's directory holding
@@ -11,7 +12,6 @@ last, says it is whole. See docs/building.md, "Build environments".
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -30,11 +30,15 @@ from tasks.core import proc
 from tasks.core.errors import ToolchainError
 from tasks.core.fsutil import rmtree, write_atomic
 from tasks.env import closure
+from tasks.env.reproducible import CANONICAL_ROOT
 from tasks.lock.lockfile import WheelPin
 from tasks.store.cache import Cache
 
 #: Bump when the layout of a build environment changes.
 LAYOUT_VERSION = 1
+#: Where build environments are: one path on every host and for every cache, as the staged trees' (compilers
+#: record the include directories, pybind11's among them, and ccache hashes them).
+ENVS = Path(CANONICAL_ROOT) / "envs"
 #: The file in the venv's site-packages naming the base's directories it sees.
 BASE_PTH = "zz-reprostack-base.pth"
 
@@ -61,13 +65,26 @@ def interpreter() -> tuple[str, str]:
 
 @functools.cache
 def torch_dirs() -> tuple[str, ...]:
-    """The directories the base's torch and what it requires are installed in, as this interpreter finds them
-    (in ``sys.path`` order; none without torch): what a build against torch must see of the base."""
+    """The directories the base's torch and what it requires are installed in (in ``sys.path`` order; none without
+    torch): what a build against torch must see of the base. A requirement installed beside torch is taken from
+    there, not from a directory earlier on ``sys.path`` (the tool's own venv, which also has filelock)."""
     try:
         top = metadata.distribution("torch")
     except metadata.PackageNotFoundError:
         spec = importlib.util.find_spec("torch")
         return (str(Path(spec.origin).resolve().parent.parent),) if spec is not None and spec.origin else ()
+    home = str(Path(str(top.locate_file(""))).resolve())
+
+    def find(name: str) -> metadata.Distribution | None:
+        """The distribution of ``name`` beside torch if it is there (the base's), else the first on sys.path."""
+        beside = next(iter(metadata.distributions(name=name, path=[home])), None)
+        if beside is not None:
+            return beside
+        try:
+            return metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return None
+
     dirs: set[str] = set()
     seen: set[str] = set()
     todo = [top]
@@ -85,8 +102,9 @@ def torch_dirs() -> tuple[str, ...]:
                 continue
             if req.marker is not None and not req.marker.evaluate({"extra": ""}):
                 continue
-            with contextlib.suppress(metadata.PackageNotFoundError):
-                todo.append(metadata.distribution(req.name))
+            found = find(req.name)
+            if found is not None:
+                todo.append(found)
     order = [str(Path(p).resolve()) for p in sys.path if p]
     return tuple(sorted(dirs, key=lambda d: order.index(d) if d in order else len(order)))
 
@@ -113,11 +131,14 @@ def ensure(
     base_dirs: Sequence[str] = (),
 ) -> BuildEnv:
     """The build environment of ``pins`` (seeing ``base_dirs`` after them), made now if the cache lacks it."""
+    from filelock import FileLock
+
     sha = env_sha256(pins, base_dirs=base_dirs)
-    found = BuildEnv(cache.root / "buildenvs" / sha, sha)
+    found = BuildEnv(ENVS / sha, sha)
     if (found.root / "meta.json").is_file():
         return found
-    with cache.lock(f"buildenv-{sha}"):
+    ENVS.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(ENVS / f"{sha}.lock")):
         if (found.root / "meta.json").is_file():
             return found
         files = _fetch(pins, cache=cache, mirror=mirror, package=package)

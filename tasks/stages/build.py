@@ -42,6 +42,13 @@ CLOSED_PROXY = "http://127.0.0.1:9"
 
 def build_env(ctx: Context, pkg: Package, jobs: int) -> dict[str, str]:
     env = ctx.host_env()  # with the hermetic toolchain's CUDA, when the lock pins one
+    # Nothing of the host's Python: the build venv (tasks/env/buildenv.py) sees its closure and the base's torch,
+    # and PYTHONPATH only the hermetic toolchain's site (its torch, where it pins one).
+    env.pop("PYTHONHOME", None)
+    if ctx.hermetic is not None:
+        env["PYTHONPATH"] = str(ctx.hermetic.site)
+    else:
+        env.pop("PYTHONPATH", None)
     env = toolchain.cuda_env(env, ctx.toolchain)  # nvcc by its resolved path, whatever PATH reached it
     env.pop(compilers.GATED_MARK, None)  # only the gate's compilers carry it (a run started inside a build)
     env.update(ctx.recipe_env(pkg))

@@ -4,7 +4,7 @@ served as an sdist-like archive on loopback).
 
 The tool is installed as a user without network would install it: a venv of its own, the tool's wheels from
 `doit mirror`'s tool/ (tasks/image/selfwheels.py) with --no-index --require-hashes, then the reprostack wheel that pip
-builds from this checkout, and the package's build requirements.
+builds from this checkout; nothing else (the build requirements come through the lock's build closure).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ license = "MIT"
 
 [packages.repro_pybind]
 source = "my-ext"
-build_requires = ["setuptools>=61", "wheel", "pybind11>=2.10"]
+build_requires = ["setuptools>=61", "pybind11>=2.10"]
 patches = ["0001-built-by.patch"]
 verify = {{ imports = ["repro_pybind", "repro_pybind._core"] }}
 
@@ -112,14 +112,7 @@ def installed_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         timeout=600,
     )
     _run([*vpip, "--no-deps", "--force-reinstall", str(wheel)], env=offline, timeout=600)
-    # The package's build requirements (builds run without isolation, with the tool's interpreter), installed as
-    # docs/your-package.md says: pip install of the lock's build_requires as written. A 3.11 venv already holds
-    # the setuptools that ensurepip bundles (65.5), which satisfies setuptools>=61 and has no bdist_wheel
-    # without `wheel`: the lock must name it (pip failed with "invalid command 'bdist_wheel'").
-    build = root / "build-requirements"
-    selfwheels.write_wheels(build, ("setuptools", "wheel", "pybind11"))  # the index: this host's copies
-    requires = tomllib.loads(_lock("http://unused"))["packages"]["repro_pybind"]["build_requires"]
-    _run([*vpip, "--find-links", str(build), *requires], env=offline, timeout=600)
+    # Nothing else: `reprostack lock` pins the build requirements, and the build runs in a venv of exactly those.
     code = "from tasks.image.image import tool_docker_dir as d; print(d())"
     where = _run([str(env_dir / "bin" / "python"), "-c", code], cwd=root)  # not the checkout: it is on sys.path there
     assert Path(where.stdout.strip()).is_relative_to(env_dir), where.stdout  # the installed copy, not the checkout's
@@ -151,6 +144,8 @@ def test_your_own_package_from_a_directory_of_its_own(
     out = reprostack("lock")
     text = (stack / "sources.lock").read_text()
     assert "tree_sha256 = " in text and "sha256 = " in text and "repro-greeting==0.3.0 --hash=sha256:" in text, out
+    closure = tomllib.loads(text)["build"]["repro_pybind"]["resolved"]  # pinned from the index, with pip
+    assert sorted(line.split("==")[0] for line in closure) == ["pip", "pybind11", "setuptools"], out
     out = reprostack("wheels")
     assert "built repro_pybind in" in out, out
     house = sorted(p.name for p in (stack / "wheels").glob("*.whl"))
