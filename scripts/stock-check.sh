@@ -109,6 +109,22 @@ TOOL=0
 for what in "${COMMANDS[@]}"; do
     case "$what" in quickstart|ci) ;; tool) TOOL=1 ;; *) log "unknown command $what (quickstart, ci or tool)"; exit 2 ;; esac
 done
+page_block() {  # text: the one block of docs/offline.md whose text holds it, as the docs walk's parser reads it
+    .venv/bin/python - "$work/repo" "$1" <<'PY'
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{sys.argv[1]}/scripts")
+import docs_walk
+
+page = "docs/offline.md"
+found = [b for b in docs_walk.parse_page(Path(sys.argv[1], page), page) if sys.argv[2] in b.text]
+if len(found) != 1:
+    sys.exit(f"{page}: {len(found)} blocks hold {sys.argv[2]!r}, not one")
+print(f"# {found[0].label()}")
+print(found[0].text, end="")
+PY
+}
 if [ "$TOOL" = 1 ]; then  # one mirror of the tool, written here, for every distribution's Python
     [ -x .venv/bin/doit ] || { log "tool: needs this checkout's .venv to write the mirror (bash scripts/bootstrap.sh)"; exit 2; }
     # The example lock's upstreams, served on loopback here; the lock (its URLs at that port) and its patches
@@ -128,36 +144,10 @@ if [ "$TOOL" = 1 ]; then  # one mirror of the tool, written here, for every dist
         { log "tool: doit mirror failed: $out/tool-mirror.log"; exit 1; }
     kill "$SERVE" 2>/dev/null || true
     chmod -R a+rX "$work/mirror" "$work/lock"
-    # docs/offline.md's pipx block as the page prints it: the one block there that runs `pipx install`.
-    .venv/bin/python - "$work/repo" >"$work/pipx-block.sh" <<'PY' || { log "tool: no pipx block in docs/offline.md"; exit 2; }
-import sys
-from pathlib import Path
-
-sys.path.insert(0, f"{sys.argv[1]}/scripts")
-import docs_walk
-
-page = "docs/offline.md"
-found = [b for b in docs_walk.parse_page(Path(sys.argv[1], page), page) if "pipx install" in b.text]
-if len(found) != 1:
-    sys.exit(f"{page}: {len(found)} blocks run `pipx install`, not one")
-print(f"# {found[0].label()}")
-print(found[0].text, end="")
-PY
-    # and its block that builds and verifies from the mirror (the one running `reprostack wheels lock=`)
-    .venv/bin/python - "$work/repo" >"$work/build-block.sh" <<'PY' || { log "tool: no build block in docs/offline.md"; exit 2; }
-import sys
-from pathlib import Path
-
-sys.path.insert(0, f"{sys.argv[1]}/scripts")
-import docs_walk
-
-page = "docs/offline.md"
-found = [b for b in docs_walk.parse_page(Path(sys.argv[1], page), page) if "reprostack wheels lock=" in b.text]
-if len(found) != 1:
-    sys.exit(f"{page}: {len(found)} blocks run `reprostack wheels lock=`, not one")
-print(f"# {found[0].label()}")
-print(found[0].text, end="")
-PY
+    # docs/offline.md's blocks as the page prints them: the one that runs `pipx install`, and the one that builds
+    # and verifies from the mirror (`reprostack wheels lock=`).
+    page_block "pipx install" >"$work/pipx-block.sh" || { log "tool: no pipx block in docs/offline.md"; exit 2; }
+    page_block "reprostack wheels lock=" >"$work/build-block.sh" || { log "tool: no build block in docs/offline.md"; exit 2; }
     chmod a+r "$work/build-block.sh"
 fi
 TOOL_VENV='python3 -V && python3 -m venv /rs && /rs/bin/pip install -q --no-index --find-links /mirror/tool \
