@@ -416,11 +416,18 @@ def _resolve_build(
     """name -> version of a build closure, and notes on what was added to the lock's requirements."""
     section = f"build.{where}"
     try:
-        found = closure.resolve(requirements, {}, target, constraints=constraints, log=log, where=section)
-    except closure.ResolutionFailed:
-        if not constraints:
-            raise
-        found = closure.resolve(requirements, {}, target, log=log, where=section)  # earlier pins did not fit
+        try:
+            found = closure.resolve(requirements, {}, target, constraints=constraints, log=log, where=section)
+        except closure.ResolutionFailed:
+            if not constraints:
+                raise
+            found = closure.resolve(requirements, {}, target, log=log, where=section)  # earlier pins did not fit
+    except closure.ResolutionFailed as exc:
+        raise closure.ResolutionFailed(
+            f"package {where}: its build_requires {requirements} have no wheels to pin: {exc.message}\n"
+            f"Fix package {where}'s build_requires (or point PIP_INDEX_URL at an index that has them), then run "
+            "`doit lock` again; the lock was left as it was."
+        ) from None
     notes = []
     setuptools = found.get("setuptools")
     if setuptools and "wheel" not in found and Version(setuptools) < SETUPTOOLS_OWN_BDIST_WHEEL:

@@ -72,3 +72,20 @@ def test_a_closure_that_no_longer_matches_build_requires_is_refused_until_locked
     res = ws.doit("wheels", "profile=host")
     assert built_packages(res.stdout) == ["repro_pure"]  # (repro_pybind was built by the refused run)
     assert (ws.wheels / "manifest.json").is_file()
+
+
+def test_a_build_requirement_the_index_lacks_is_one_message_and_the_lock_is_kept(
+    tmp_path: Path, server: object
+) -> None:
+    ws = _workspace(tmp_path, server.url)  # type: ignore[attr-defined]
+    ws.edit_lock(
+        'build_requires = ["setuptools>=61"]\nverify = { imports = ["repro_pure"]',
+        'build_requires = ["setuptools>=61", "no-such-build-tool"]\nverify = { imports = ["repro_pure"]',
+    )
+    before = ws.lock.read_text()
+    res = ws.doit("lock", check=False)
+    assert res.returncode == 11, res.stdout + res.stderr
+    assert "package repro_pure: its build_requires" in res.stderr and "no-such-build-tool" in res.stderr
+    assert "then run `doit lock` again; the lock was left as it was" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert ws.lock.read_text() == before
