@@ -445,3 +445,40 @@ def test_a_runtime_without_python_or_requirements_is_left_for_doit_lock() -> Non
     assert any("the closure is not resolved" in u for u in parse(doc, require_pins=False).unpinned)
     doc["runtime"]["resolved_from"] = parse(doc, require_pins=False).runtime.digest()
     assert parse(doc).runtime.resolved == ()
+
+
+def test_a_build_closure_answers_only_for_the_build_requires_it_was_resolved_from() -> None:
+    from tasks.lock.lockfile import build_digest
+
+    doc = good_doc()
+    lock = parse(doc)
+    fa3 = lock.packages["fa3"]
+    pin = f"setuptools==80.10.2 --hash=sha256:{SHA256}"
+    doc["build"] = {"fa3": {"resolved": [pin, f"pip==26.3 --hash=sha256:{'c' * 64}"],
+                            "resolved_from": build_digest(fa3, lock.toolchain.python)}}  # fmt: skip
+    closure = parse(doc).build_closure(fa3)
+    assert closure is not None and [p.name for p in closure.resolved] == ["pip", "setuptools"]
+    assert parse(doc).build_closure(lock.packages["fa2"]) is None  # none resolved for it
+    doc["packages"]["fa3"]["build_requires"] = ["setuptools>=70"]  # edited since: refused until `doit lock`
+    edited = parse(doc)
+    assert edited.build_closure(edited.packages["fa3"]) is None
+    doc["toolchain"]["python"] = ">=3.12"  # another Python range is another resolution
+    doc["packages"]["fa3"]["build_requires"] = ["setuptools>=61"]
+    other = parse(doc)
+    assert other.build_closure(other.packages["fa3"]) is None
+
+
+def test_build_closure_problems_are_lock_errors() -> None:
+    doc = good_doc()
+    doc["build"] = {
+        "fa4": {"resolved": [], "resolved_from": SHA256},
+        "fa3": {"resolved": ["setuptools>=61"], "resolved_from": SHA256, "extra": 1},
+    }
+    with pytest.raises(LockError) as err:
+        parse(doc)
+    text = str(err.value)
+    assert "[build.fa4] names no package of the lock" in text
+    assert "[build.fa3]" in text and "extra" in text
+    doc["build"] = {"fa3": {"resolved": ["setuptools>=61"], "resolved_from": SHA256}}
+    with pytest.raises(LockError, match=r"needs one exact version"):
+        parse(doc)
