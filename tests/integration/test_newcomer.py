@@ -192,7 +192,9 @@ def test_one_cause_is_said_once(workspace: Workspace) -> None:
     err = res.stderr
     assert res.returncode == 16, res.stdout + err
     assert err.count("does not satisfy '>=9.0'") == 1, err
-    assert "the same error as" in err, err
+    # doit dispatches no new task after a failure: the tasks already started fail too, and point to the first
+    # (how many had started depends on timing: on a stock trixie run only the first one had)
+    assert err.count("ToolchainError: ") == 1 or "the same error as" in err, err
     assert "TaskFailed" not in res.stdout + err  # doit's own report would repeat it per task
 
 
