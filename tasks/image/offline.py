@@ -6,14 +6,18 @@ closure) and
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.core.errors import BundleError
 from tasks.core.fsutil import copy_atomic
 from tasks.image.bundle import write_bundle
 from tasks.lock.lockfile import WheelPin
 from tasks.stages.context import Context
+
+if TYPE_CHECKING:
+    from tasks.env.closure import Target
 
 
 def write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[str]:
@@ -33,39 +37,39 @@ def write_mirror(ctx: Context, dest: Path, *, source: Path | None) -> Iterator[s
             copy_pinned_wheels(source / "wheels", dest / "wheels", {h for pin in pins for h in pin.hashes})
         for line in mirror_wheels(pins, python=ctx.lock.toolchain.python, mirror=dest):
             yield f"  {line}"
+    from tasks.env import closure
+
     build = build_pins(ctx)
     if build:
-        from tasks.env import closure
-
-        wheels = dest / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
         pythons = sorted({closure.host_target().python, *tool_pythons(ctx)})
-        files: dict[str, int] = {}
-        for python in pythons:  # the file of each pin for each Python the mirror serves, on this machine's CPU
-            for pin in build:
-                path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), ctx.cache.fetched,
-                                     mirror=source, indexes=None, target=closure.host_target(python),
-                                     section="build")  # fmt: skip
-                if not (wheels / path.name).is_file():
-                    copy_atomic(path, wheels / path.name)
-                files[path.name] = path.stat().st_size
-        yield (f"  build closures: {len(files)} wheels of {len(build)} pins in {wheels} for CPython "
+        # the file of each pin for each Python the mirror serves, on this machine's CPU
+        files = _carry(ctx, build, [closure.host_target(p) for p in pythons], dest, source=source, section="build")
+        yield (f"  build closures: {len(files)} wheels of {len(build)} pins in {dest / 'wheels'} for CPython "
                f"{', '.join(pythons)} ({sum(files.values()) / 1e6:.1f} MB)")  # fmt: skip
     runtime = ctx.runtime
     if runtime is not None and runtime.resolved:
-        from tasks.env import closure
+        files = _carry(ctx, runtime.resolved, [closure.target_of(runtime)], dest, source=source, section="runtime")
+        yield f"  runtime closure: {len(files)} wheels in {dest / 'wheels'} ({sum(files.values()) / 1e6:.1f} MB)"
 
-        target = closure.target_of(runtime)
-        wheels = dest / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
-        total = 0
-        for pin in runtime.resolved:
+
+def _carry(
+    ctx: Context, pins: Sequence[WheelPin], targets: Sequence[Target], dest: Path, *, source: Path | None, section: str
+) -> dict[str, int]:
+    """One file of each pin for each target in ``dest/wheels`` (through the cache: closure.fetch checks each
+    sha256), file name -> size."""
+    from tasks.env import closure
+
+    wheels = dest / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    files: dict[str, int] = {}
+    for target in targets:
+        for pin in pins:
             path = closure.fetch(closure.Pin(pin.name, pin.version, pin.hashes), ctx.cache.fetched,
-                                 mirror=source, indexes=None, target=target)  # fmt: skip
+                                 mirror=source, indexes=None, target=target, section=section)  # fmt: skip
             if not (wheels / path.name).is_file():
                 copy_atomic(path, wheels / path.name)
-            total += path.stat().st_size
-        yield f"  runtime closure: {len(runtime.resolved)} wheels in {wheels} ({total / 1e6:.1f} MB)"
+            files[path.name] = path.stat().st_size
+    return files
 
 
 def build_pins(ctx: Context) -> list[WheelPin]:
